@@ -1,0 +1,299 @@
+"""Convolution hyper-parameters: normalisation, validation and output shapes.
+
+Every other `convlab` module goes through :class:`ConvParams`, so a bad argument is
+rejected once, early, with a message that names it, instead of surfacing as an
+``IndexError`` deep inside an im2col.
+
+Conventions follow ATen's ``aten::convolution``:
+
+* input ``[N, C_in, *spatial]`` (a batch dimension is required);
+* weight ``[C_out, C_in / groups, *kernel]`` for a normal convolution and
+  ``[C_in, C_out / groups, *kernel]`` for a transposed one;
+* ``output_padding`` only matters when ``transposed`` is true.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+IntOrSeq = int | Sequence[int]
+
+
+def normalize(value: IntOrSeq, dim: int, name: str) -> tuple[int, ...]:
+    """Turn an int or a sequence of ints into a ``dim``-tuple.
+
+    A single int (or a one-element sequence) is repeated, as ATen does.
+
+    >>> normalize(2, 3, "stride")
+    (2, 2, 2)
+    >>> normalize((1, 2), 2, "padding")
+    (1, 2)
+    """
+    if isinstance(value, torch.Tensor):
+        value = value.tolist()
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got a bool")
+    if isinstance(value, int):
+        return (value,) * dim
+    if isinstance(value, str):
+        raise TypeError(f"{name} must be an int or a sequence of ints, got the string {value!r}")
+    if not isinstance(value, Sequence):
+        raise TypeError(
+            f"{name} must be an int or a sequence of ints, got {type(value).__name__}"
+        )
+    items = tuple(value)
+    for item in items:
+        if isinstance(item, bool) or not isinstance(item, int):
+            raise TypeError(f"{name} must contain ints, got {item!r} in {value!r}")
+    if len(items) == 1:
+        return items * dim
+    if len(items) != dim:
+        raise ValueError(
+            f"{name} must be an int or a sequence of {dim} ints for a {dim}-d convolution, "
+            f"got {len(items)} values: {list(items)}"
+        )
+    return items
+
+
+@dataclass(frozen=True)
+class ConvParams:
+    """Normalised hyper-parameters of one N-d convolution (N = ``dim``).
+
+    Build it with :meth:`create` (arguments only) or :meth:`for_tensors` (arguments and
+    tensors, fully validated).
+
+    >>> p = ConvParams.create(2, stride=2, padding=1)
+    >>> p.output_shape((8, 3, 32, 32), (16, 3, 3, 3))
+    (8, 16, 16, 16)
+    """
+
+    stride: tuple[int, ...]
+    padding: tuple[int, ...]
+    dilation: tuple[int, ...]
+    transposed: bool
+    output_padding: tuple[int, ...]
+    groups: int
+
+    @property
+    def dim(self) -> int:
+        """Number of spatial dimensions."""
+        return len(self.stride)
+
+    @classmethod
+    def create(
+        cls,
+        dim: int,
+        stride: IntOrSeq = 1,
+        padding: IntOrSeq = 0,
+        dilation: IntOrSeq = 1,
+        transposed: bool = False,
+        output_padding: IntOrSeq = 0,
+        groups: int = 1,
+    ) -> ConvParams:
+        """Normalise and validate the arguments that do not depend on tensor shapes."""
+        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not isinstance(transposed, bool):
+            raise TypeError(f"transposed must be a bool, got {type(transposed).__name__}")
+        if isinstance(groups, bool) or not isinstance(groups, int):
+            raise TypeError(f"groups must be an int, got {type(groups).__name__}")
+        params = cls(
+            stride=normalize(stride, dim, "stride"),
+            padding=normalize(padding, dim, "padding"),
+            dilation=normalize(dilation, dim, "dilation"),
+            transposed=transposed,
+            output_padding=normalize(output_padding, dim, "output_padding"),
+            groups=groups,
+        )
+        params._check_values()
+        return params
+
+    def _check_values(self) -> None:
+        if any(s <= 0 for s in self.stride):
+            raise ValueError(f"stride must be positive, got {self.stride}")
+        if any(d <= 0 for d in self.dilation):
+            raise ValueError(f"dilation must be positive, got {self.dilation}")
+        if any(p < 0 for p in self.padding):
+            raise ValueError(f"padding must be non-negative, got {self.padding}")
+        if any(p < 0 for p in self.output_padding):
+            raise ValueError(f"output_padding must be non-negative, got {self.output_padding}")
+        if self.groups <= 0:
+            raise ValueError(f"groups must be positive, got groups={self.groups}")
+        if self.transposed:
+            for op, s, d in zip(self.output_padding, self.stride, self.dilation, strict=True):
+                if op >= s and op >= d:
+                    raise ValueError(
+                        f"output_padding={self.output_padding} must be smaller than either "
+                        f"stride={self.stride} or dilation={self.dilation} in every dimension"
+                    )
+
+    @classmethod
+    def for_tensors(
+        cls,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias: torch.Tensor | None = None,
+        stride: IntOrSeq = 1,
+        padding: IntOrSeq = 0,
+        dilation: IntOrSeq = 1,
+        transposed: bool = False,
+        output_padding: IntOrSeq = 0,
+        groups: int = 1,
+    ) -> ConvParams:
+        """Validate tensors and arguments together; the spatial rank comes from ``weight``.
+
+        Checks types, ranks, floating dtypes, matching dtypes and devices, channels,
+        groups, bias length and that the (dilated) kernel fits the padded input.
+        """
+        check_tensor(input, "input")
+        check_tensor(weight, "weight")
+        if weight.dim() < 3:
+            raise ValueError(
+                f"weight must have at least 3 dimensions [out, in/groups, *kernel], "
+                f"got shape {list(weight.shape)}"
+            )
+        params = cls.create(
+            weight.dim() - 2, stride, padding, dilation, transposed, output_padding, groups
+        )
+        check_same(input, weight, "input", "weight")
+        if bias is not None:
+            check_tensor(bias, "bias")
+            check_same(input, bias, "input", "bias")
+        params.check_shapes(
+            tuple(input.shape), tuple(weight.shape), None if bias is None else tuple(bias.shape)
+        )
+        return params
+
+    def check_shapes(
+        self,
+        input_shape: Sequence[int],
+        weight_shape: Sequence[int],
+        bias_shape: Sequence[int] | None = None,
+    ) -> None:
+        """Validate shapes against these parameters (ranks, channels, groups, bias, sizes)."""
+        dim = self.dim
+        if len(weight_shape) != dim + 2:
+            raise ValueError(
+                f"weight must have {dim + 2} dimensions for a {dim}-d convolution, "
+                f"got shape {list(weight_shape)}"
+            )
+        if len(input_shape) != dim + 2:
+            raise ValueError(
+                f"input must have {dim + 2} dimensions [N, C, *spatial] to match weight of "
+                f"shape {list(weight_shape)}, got shape {list(input_shape)}"
+            )
+        in_channels = input_shape[1]
+        g = self.groups
+        if self.transposed:
+            if weight_shape[0] != in_channels:
+                raise ValueError(
+                    f"input has {in_channels} channels but a transposed weight must have "
+                    f"weight.shape[0] == in_channels, got weight of shape {list(weight_shape)}"
+                )
+            if in_channels % g:
+                raise ValueError(f"groups={g} must divide in_channels={in_channels}")
+            out_channels = weight_shape[1] * g
+        else:
+            if in_channels % g:
+                raise ValueError(f"groups={g} must divide in_channels={in_channels}")
+            if weight_shape[1] * g != in_channels:
+                raise ValueError(
+                    f"input has {in_channels} channels but weight of shape {list(weight_shape)} "
+                    f"with groups={g} expects {weight_shape[1] * g} "
+                    f"(weight.shape[1] * groups)"
+                )
+            out_channels = weight_shape[0]
+            if out_channels % g:
+                raise ValueError(f"groups={g} must divide out_channels={out_channels}")
+        if any(k <= 0 for k in weight_shape[2:]):
+            raise ValueError(f"kernel sizes must be positive, got weight shape {list(weight_shape)}")
+        if bias_shape is not None and tuple(bias_shape) != (out_channels,):
+            raise ValueError(
+                f"bias must have shape [{out_channels}] (one value per output channel), "
+                f"got {list(bias_shape)}"
+            )
+        if not self.transposed:
+            padded = tuple(i + 2 * p for i, p in zip(input_shape[2:], self.padding, strict=True))
+            extent = self.kernel_extent(weight_shape[2:])
+            if any(e > s for e, s in zip(extent, padded, strict=True)):
+                raise ValueError(
+                    f"kernel extent {extent} (dilation * (kernel - 1) + 1) is larger than the "
+                    f"padded input size {padded}"
+                )
+        out = self.output_shape(input_shape, weight_shape)
+        if any(o <= 0 for o in out[2:]):
+            raise ValueError(
+                f"computed output size {tuple(out[2:])} is not positive for input size "
+                f"{tuple(input_shape[2:])}: padding={self.padding} is too large"
+            )
+
+    def kernel_extent(self, kernel: Sequence[int]) -> tuple[int, ...]:
+        """Span of a dilated kernel: ``dilation * (k - 1) + 1`` per dimension."""
+        return tuple(d * (k - 1) + 1 for d, k in zip(self.dilation, kernel, strict=True))
+
+    def output_size(self, input_size: Sequence[int], kernel: Sequence[int]) -> tuple[int, ...]:
+        """Spatial output size for spatial ``input_size`` and ``kernel`` sizes."""
+        extent = self.kernel_extent(kernel)
+        if self.transposed:
+            return tuple(
+                (i - 1) * s - 2 * p + e + op
+                for i, s, p, e, op in zip(
+                    input_size, self.stride, self.padding, extent, self.output_padding, strict=True
+                )
+            )
+        return tuple(
+            (i + 2 * p - e) // s + 1
+            for i, s, p, e in zip(input_size, self.stride, self.padding, extent, strict=True)
+        )
+
+    def output_shape(
+        self, input_shape: Sequence[int], weight_shape: Sequence[int]
+    ) -> tuple[int, ...]:
+        """Full output shape ``(N, C_out, *spatial)``."""
+        out_channels = weight_shape[1] * self.groups if self.transposed else weight_shape[0]
+        spatial = self.output_size(input_shape[2:], weight_shape[2:])
+        return (input_shape[0], out_channels, *spatial)
+
+    def check_grad_output(
+        self,
+        grad_output: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+    ) -> None:
+        """Validate ``grad_output`` against the forward output shape, dtype and device."""
+        check_tensor(grad_output, "grad_output")
+        check_same(input, grad_output, "input", "grad_output")
+        expected = self.output_shape(tuple(input.shape), tuple(weight.shape))
+        if tuple(grad_output.shape) != expected:
+            raise ValueError(
+                f"grad_output must have the forward output's shape {list(expected)}, "
+                f"got {list(grad_output.shape)}"
+            )
+
+    def macs(self, input_shape: Sequence[int], weight_shape: Sequence[int]) -> int:
+        """Multiply-accumulates of the forward pass (each backward GEMM costs as many)."""
+        if self.transposed:
+            per_input = math.prod(weight_shape[1:])
+            return int(math.prod(input_shape) * per_input)
+        out = self.output_shape(input_shape, weight_shape)
+        return int(math.prod(out) * math.prod(weight_shape[1:]))
+
+
+def check_tensor(t: object, name: str) -> None:
+    """Raise ``TypeError`` unless ``t`` is a floating-point tensor."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not t.is_floating_point():
+        raise TypeError(f"{name} must have a floating-point dtype, got {t.dtype}")
+
+
+def check_same(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> None:
+    """Raise ``TypeError``/``ValueError`` when two tensors differ in dtype or device."""
+    if a.dtype != b.dtype:
+        raise TypeError(f"{name_b} has dtype {b.dtype} but {name_a} has dtype {a.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"{name_b} is on {b.device} but {name_a} is on {a.device}")

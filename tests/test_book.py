@@ -1,0 +1,103 @@
+"""Tests of the book itself: toc, executed notebooks, the Colab cell, portable outputs.
+
+nbval passes a code cell whose outputs and execution count are empty, so these checks
+are what make the nbval run meaningful.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "scripts"))
+from toc_notebooks import toc_files  # noqa: E402
+
+CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+REPO_URL = CONFIG["repository"]["url"].rstrip("/")
+NOTEBOOKS = sorted(
+    p for p in (ROOT / "book").rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts
+)
+# Local paths or thread-dependent noise that would make stored outputs machine-specific.
+NON_PORTABLE = re.compile(r"(site-packages|/\.venv/|/root/|/home/\w+|/tmp/|/work/)")
+
+
+def code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
+    return [c for c in nb.cells if c.cell_type == "code"]
+
+
+def test_there_are_notebooks() -> None:
+    assert NOTEBOOKS, "book/ has no notebooks"
+
+
+def test_every_toc_entry_exists() -> None:
+    for entry in toc_files():
+        candidates = [ROOT / f"{entry}{suffix}" for suffix in (".md", ".ipynb")]
+        assert any(c.exists() for c in candidates), f"_toc.yml lists {entry} but no file exists"
+
+
+def test_every_notebook_is_in_the_toc() -> None:
+    listed = {str(ROOT / f"{entry}.ipynb") for entry in toc_files()}
+    missing = [str(p.relative_to(ROOT)) for p in NOTEBOOKS if str(p) not in listed]
+    assert not missing, f"notebooks missing from _toc.yml: {missing}"
+
+
+def test_book_markdown_pages_are_in_the_toc() -> None:
+    listed = {str(ROOT / f"{entry}.md") for entry in toc_files()}
+    pages = [p for p in (ROOT / "book").rglob("*.md")]
+    missing = [str(p.relative_to(ROOT)) for p in pages if str(p) not in listed]
+    assert not missing, f"pages missing from _toc.yml: {missing}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_executed_without_errors(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    counts = []
+    for i, cell in enumerate(code_cells(nb)):
+        if not cell.source.strip():
+            continue
+        assert cell.execution_count is not None, f"code cell {i} was never executed"
+        counts.append(cell.execution_count)
+        errors = [o for o in cell.outputs if o.output_type == "error"]
+        assert not errors, f"code cell {i} stored an error: {errors[0].get('ename')}"
+    assert counts == sorted(counts) and len(set(counts)) == len(counts), (
+        "execution counts are not increasing: run the whole notebook with `make notebooks`"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_code_cell_is_the_colab_install(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    first = code_cells(nb)[0].source
+    assert '"google.colab" in sys.modules' in first, "first code cell must be the Colab-only install"
+    assert f"git+{REPO_URL}" in first, f"the Colab install must use {REPO_URL} from _config.yml"
+    assert "pip install" in first
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_outputs_are_portable(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    for i, cell in enumerate(code_cells(nb)):
+        for out in cell.outputs:
+            if out.output_type == "stream" and out.name == "stderr":
+                raise AssertionError(f"code cell {i} writes to stderr: {out.text[:200]!r}")
+            texts = [out.get("text", "")]
+            texts += [v for k, v in out.get("data", {}).items() if k.startswith("text/")]
+            for text in texts:
+                text = "".join(text) if isinstance(text, list) else text
+                match = NON_PORTABLE.search(text)
+                assert not match, f"code cell {i} prints a local path: {match.group(0)!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_uses_the_shared_setup_and_ends_with_a_summary(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    sources = "\n".join(c.source for c in code_cells(nb)[:3])
+    assert "setup(" in sources, "call convlab.notebook.setup() in the first cells"
+    last_md = [c for c in nb.cells if c.cell_type == "markdown"][-1].source
+    assert re.search(r"what we saw", last_md, re.I), "end with a 'What we saw' summary"

@@ -10,8 +10,8 @@ import importlib
 import sys
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("convlab.doctor", "environment, backends and a quick correctness check of every path"),
-    "trace": ("convlab.dispatch", "the ATen ops (and backend) a conv layer's forward+backward runs"),
+    "doctor": ("convlab.doctor", "environment, backends, a quick correctness check of every path"),
+    "trace": ("convlab.dispatch", "the ATen ops (and backend) of a conv layer's forward+backward"),
     "bench": ("convlab.bench", "time every path side by side (torch.utils.benchmark)"),
 }
 

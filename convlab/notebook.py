@@ -23,7 +23,7 @@ def setup(seed: int = 0, threads: int = THREADS) -> None:
     grad_weight) depends on it.
     """
     random.seed(seed)
-    np.random.seed(seed)
+    np.random.seed(seed)  # noqa: NPY002 - seeds the legacy global RNG notebooks may use
     torch.manual_seed(seed)
     torch.set_num_threads(threads)
     torch.set_printoptions(precision=4, sci_mode=False, linewidth=100)

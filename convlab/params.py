@@ -210,7 +210,9 @@ class ConvParams:
             if out_channels % g:
                 raise ValueError(f"groups={g} must divide out_channels={out_channels}")
         if any(k <= 0 for k in weight_shape[2:]):
-            raise ValueError(f"kernel sizes must be positive, got weight shape {list(weight_shape)}")
+            raise ValueError(
+                f"kernel sizes must be positive, got weight shape {list(weight_shape)}"
+            )
         if bias_shape is not None and tuple(bias_shape) != (out_channels,):
             raise ValueError(
                 f"bias must have shape [{out_channels}] (one value per output channel), "

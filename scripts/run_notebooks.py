@@ -20,11 +20,12 @@ from toc_notebooks import toc_notebooks  # noqa: E402
 def execute(path: Path, timeout: int = 900) -> float:
     """Execute one notebook in its own folder and write it back; return seconds taken."""
     nb = nbformat.read(path, as_version=4)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
+    nb.metadata["kernelspec"] = {
+        "name": "python3", "display_name": "Python 3", "language": "python"
+    }
     start = time.perf_counter()
-    client = NotebookClient(
-        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    )
+    resources = {"metadata": {"path": str(path.parent)}}
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources=resources)
     client.execute()
     nbformat.write(nb, path)
     return time.perf_counter() - start

@@ -74,7 +74,7 @@ def test_notebook_is_executed_without_errors(path: Path) -> None:
 def test_first_code_cell_is_the_colab_install(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     first = code_cells(nb)[0].source
-    assert '"google.colab" in sys.modules' in first, "first code cell must be the Colab-only install"
+    assert '"google.colab" in sys.modules' in first, "the first code cell must be the Colab install"
     assert f"git+{REPO_URL}" in first, f"the Colab install must use {REPO_URL} from _config.yml"
     assert "pip install" in first
 

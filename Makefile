@@ -12,7 +12,6 @@ PYTHON  ?= python3
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 export PYTHONHASHSEED := 0
-export MPLBACKEND := Agg
 
 .PHONY: help venv book test lint unit nbval notebooks gpu-check bench clean browser-deps
 

@@ -5,7 +5,6 @@ Usage: python scripts/run_notebooks.py [book/x.ipynb ...]   (default: every note
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from pathlib import Path
@@ -33,7 +32,6 @@ def execute(path: Path, timeout: int = 900) -> float:
 
 def main(argv: list[str]) -> int:
     paths = [Path(a).resolve() for a in argv] or toc_notebooks()
-    os.environ.setdefault("MPLBACKEND", "Agg")
     for path in paths:
         print(f"executing {path.name} ...", flush=True)
         print(f"  done in {execute(path):.1f} s", flush=True)

@@ -1,0 +1,404 @@
+"""Which ATen ops (and which convolution backend) a forward + backward runs.
+
+Two views of the same call:
+
+* :class:`OpRecorder`, a ``TorchDispatchMode``: every ATen op that reaches the Python
+  dispatcher, with its tensor shapes and, for convolution ops, the backend
+  :func:`convlab.native.select_backend` names. It sees ``aten::convolution`` and
+  ``aten::convolution_backward`` but not what runs below them (``_convolution``,
+  ``mkldnn_convolution``, ...), because those calls happen inside C++ kernels.
+* :func:`profile_ops`, built on ``torch.profiler``: the nested op names, down to the
+  backend's kernel op (``aten::_convolution -> aten::mkldnn_convolution``).
+
+:func:`trace_conv` / :func:`profile_conv` build one convolution and run both passes;
+:func:`main` is the ``convlab trace`` command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from convlab.native import BACKEND_CHOICES, select_backend, use_backend
+from convlab.params import ConvParams, IntOrSeq
+
+# Ops whose arguments start like aten::convolution's: (input, weight, bias, stride, padding,
+# dilation, transposed, output_padding, groups, ...).
+_FORWARD_CONV_OPS = {"aten::convolution", "aten::_convolution"}
+_BACKWARD_CONV_OPS = {"aten::convolution_backward"}
+
+
+@dataclass
+class OpRecord:
+    """One ATen op call: its name, pass, tensor argument shapes and conv backend (or None)."""
+
+    op: str
+    phase: str
+    shapes: list[tuple[int, ...]]
+    backend: str | None = None
+
+
+def _op_name(func: torch._ops.OpOverload) -> str:
+    overload = func._overloadname
+    return func.name() if overload == "default" else f"{func.name()}.{overload}"
+
+
+def _tensor_shapes(args: Sequence[Any]) -> list[tuple[int, ...]]:
+    shapes: list[tuple[int, ...]] = []
+    for arg in args:
+        if isinstance(arg, torch.Tensor):
+            shapes.append(tuple(arg.shape))
+        elif isinstance(arg, list | tuple):
+            shapes += [tuple(a.shape) for a in arg if isinstance(a, torch.Tensor)]
+    return shapes
+
+
+def conv_op_backend(op: str, args: Sequence[Any]) -> str | None:
+    """The backend ATen selects for a recorded convolution op's arguments (else ``None``).
+
+    ``aten::convolution``/``_convolution`` take ``(input, weight, bias, stride, padding,
+    dilation, transposed, output_padding, groups)``; ``aten::convolution_backward`` takes
+    ``(grad_output, input, weight, bias_sizes, stride, ...)``.
+    """
+    base = op.split(".")[0]
+    if base in _FORWARD_CONV_OPS:
+        conv_args = list(args[:9])
+    elif base in _BACKWARD_CONV_OPS:
+        conv_args = [args[1], args[2], None, *args[4:10]]
+    else:
+        return None
+    try:
+        return select_backend(*conv_args)
+    except (TypeError, ValueError, RuntimeError) as exc:  # unusual arguments: say so, go on
+        return f"? ({type(exc).__name__})"
+
+
+class OpRecorder(TorchDispatchMode):
+    """Record the ATen ops run inside ``with OpRecorder() as rec:`` into ``rec.records``.
+
+    Set ``rec.phase`` (``"forward"``, ``"backward"``, ...) to label the records that follow.
+
+    >>> x, w = torch.randn(1, 2, 5, 5, requires_grad=True), torch.randn(3, 2, 3, 3)
+    >>> with OpRecorder() as rec:
+    ...     y = torch.nn.functional.conv2d(x, w)
+    >>> [r.op for r in rec.records]
+    ['aten::convolution']
+    """
+
+    def __init__(self, phase: str = "forward") -> None:
+        super().__init__()
+        self.phase = phase
+        self.records: list[OpRecord] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        kwargs = kwargs or {}
+        op = _op_name(func)
+        record = OpRecord(op, self.phase, _tensor_shapes(list(args) + list(kwargs.values())))
+        record.backend = conv_op_backend(op, args)
+        self.records.append(record)
+        return func(*args, **kwargs)
+
+    def table(self, skip: Sequence[str] = ("aten::detach",)) -> str:
+        """The records as a plain-text table (ops in ``skip`` left out)."""
+        return format_records([r for r in self.records if r.op not in skip])
+
+
+def _fmt_shapes(shapes: list[tuple[int, ...]]) -> str:
+    return " ".join("[" + ",".join(map(str, s)) + "]" for s in shapes)
+
+
+def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A left-aligned plain-text table with a rule under the header."""
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
+             for row in [header, ["-" * w for w in widths], *rows]]
+    return "\n".join(lines)
+
+
+def format_records(records: Sequence[OpRecord]) -> str:
+    """Records as a table: index, pass, op, backend, tensor argument shapes."""
+    rows = [
+        [str(i), r.phase, r.op, r.backend or "", _fmt_shapes(r.shapes)]
+        for i, r in enumerate(records)
+    ]
+    return format_table(["#", "pass", "aten op", "backend", "tensor shapes"], rows)
+
+
+# --- building one convolution ---------------------------------------------------------------
+
+
+@dataclass
+class ConvSetup:
+    """Tensors and arguments of one ``aten::convolution`` call, ready to run."""
+
+    input: torch.Tensor
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    params: ConvParams
+
+    def args(self) -> tuple[Any, ...]:
+        """``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
+        groups)`` as ``aten::convolution`` takes them."""
+        p = self.params
+        return (self.input, self.weight, self.bias, list(p.stride), list(p.padding),
+                list(p.dilation), p.transposed, list(p.output_padding), p.groups)
+
+    def forward(self) -> torch.Tensor:
+        """Run the forward through the public functional API (``F.conv*`` / ``conv_transpose*``)."""
+        f = torch.nn.functional
+        p = self.params
+        if p.transposed:
+            fn = {1: f.conv_transpose1d, 2: f.conv_transpose2d, 3: f.conv_transpose3d}[p.dim]
+            return fn(self.input, self.weight, self.bias, p.stride, p.padding, p.output_padding,
+                      p.groups, p.dilation)
+        fn = {1: f.conv1d, 2: f.conv2d, 3: f.conv3d}[p.dim]
+        return fn(self.input, self.weight, self.bias, p.stride, p.padding, p.dilation, p.groups)
+
+
+def make_conv(
+    input_shape: Sequence[int],
+    weight_shape: Sequence[int],
+    bias: bool = True,
+    stride: IntOrSeq = 1,
+    padding: IntOrSeq = 0,
+    dilation: IntOrSeq = 1,
+    transposed: bool = False,
+    output_padding: IntOrSeq = 0,
+    groups: int = 1,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    channels_last: bool = False,
+) -> ConvSetup:
+    """Random leaf tensors (``requires_grad``) for one convolution, validated by ConvParams.
+
+    >>> c = make_conv([2, 4, 8, 8], [6, 2, 3, 3], groups=2)
+    >>> list(c.forward().shape)
+    [2, 6, 6, 6]
+    """
+    if len(weight_shape) < 3:
+        raise ValueError(f"weight shape must have at least 3 dims, got {list(weight_shape)}")
+    p = ConvParams.create(len(weight_shape) - 2, stride, padding, dilation, transposed,
+                          output_padding, groups)
+    out_channels = weight_shape[1] * groups if transposed else weight_shape[0]
+    p.check_shapes(input_shape, weight_shape, (out_channels,) if bias else None)
+    x = torch.randn(*input_shape, dtype=dtype, device=device)
+    w = torch.randn(*weight_shape, dtype=dtype, device=device)
+    if channels_last:
+        fmt = {4: torch.channels_last, 5: torch.channels_last_3d}.get(len(input_shape))
+        if fmt is None:
+            raise ValueError("channels_last needs a 4-d or 5-d input")
+        x, w = x.to(memory_format=fmt), w.to(memory_format=fmt)
+    b = torch.randn(out_channels, dtype=dtype, device=device) if bias else None
+    for t in (x, w, b):
+        if t is not None:
+            t.requires_grad_(True)
+    return ConvSetup(x, w, b, p)
+
+
+def trace_conv(conv: ConvSetup, backend: str | None = None) -> OpRecorder:
+    """Record forward then backward (``y.backward(grad)``) of ``conv``, optionally forced.
+
+    Returns the recorder; ``print(rec.table())`` shows the trace.
+    """
+    with _maybe_backend(backend, conv):
+        y = conv.forward()
+        grad = torch.randn_like(y)
+        with OpRecorder("forward") as rec:
+            y = conv.forward()
+            rec.phase = "backward"
+            y.backward(grad)
+    return rec
+
+
+@contextmanager
+def _maybe_backend(backend: str | None, conv: ConvSetup) -> Iterator[None]:
+    if backend is None:
+        yield
+        return
+    with use_backend(backend, *conv.args()):
+        yield
+
+
+# --- the profiler view ----------------------------------------------------------------------
+
+# Bookkeeping ops (allocation, views) whose subtrees say nothing about the algorithm.
+HIDDEN_OPS = frozenset({
+    "aten::empty", "aten::empty_like", "aten::empty_strided", "aten::as_strided",
+    "aten::as_strided_", "aten::resize_", "aten::resize_as_", "aten::view", "aten::detach",
+    "detach",
+    "aten::fill_", "aten::zero_", "aten::zeros", "aten::zeros_like", "aten::ones_like",
+    "aten::randn_like", "aten::normal_", "aten::expand", "aten::slice", "aten::select",
+    "aten::t", "aten::transpose", "aten::reshape", "aten::_reshape_alias", "aten::unsqueeze",
+    "aten::squeeze", "aten::contiguous", "aten::copy_", "aten::clone", "aten::alias",
+    "aten::_unsafe_view", "aten::lift_fresh",
+})
+
+
+@contextmanager
+def _quiet_native_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (C++ stderr): kineto logs profiler start/stop lines there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _keep(name: str) -> bool:
+    if name in HIDDEN_OPS or "AccumulateGrad" in name:
+        return False
+    if name.startswith("autograd::engine"):
+        return False
+    return name.startswith("aten::") or name.endswith(("Backward0", "Backward1"))
+
+
+def profile_ops(fn: Callable[[], object], hide: bool = True) -> list[tuple[int, str]]:
+    """Run ``fn`` under ``torch.profiler`` and return its op tree as ``(depth, name)`` rows.
+
+    Kept: ``aten::*`` ops and autograd nodes (``ConvolutionBackward0``); with ``hide``,
+    allocation and view ops in ``HIDDEN_OPS`` (and their subtrees) are dropped.
+    Depth counts kept ancestors, so ``aten::_convolution`` under ``aten::convolution`` is 1
+    deeper.
+
+    >>> x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    >>> rows = profile_ops(lambda: torch.nn.functional.conv2d(x, w))
+    >>> rows[:3]
+    [(0, 'aten::conv2d'), (1, 'aten::convolution'), (2, 'aten::_convolution')]
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    prof = profile(activities=[ProfilerActivity.CPU])
+    with _quiet_native_stderr():
+        prof.__enter__()
+    try:
+        fn()
+    finally:
+        with _quiet_native_stderr():
+            prof.__exit__(None, None, None)
+    events = sorted(prof.events(), key=lambda e: (e.time_range.start, -e.time_range.end))
+    rows: list[tuple[int, str]] = []
+
+    def visit(event: Any, depth: int) -> None:
+        name = event.name
+        if hide and not _keep(name):
+            if name in HIDDEN_OPS or "AccumulateGrad" in name:
+                return
+            for child in event.cpu_children:  # e.g. autograd::engine::evaluate_function
+                visit(child, depth)
+            return
+        rows.append((depth, name))
+        for child in sorted(event.cpu_children, key=lambda e: e.time_range.start):
+            visit(child, depth + 1)
+
+    for event in events:
+        if event.cpu_parent is None:
+            visit(event, 0)
+    return rows
+
+
+def profile_conv(conv: ConvSetup, backend: str | None = None) -> dict[str, list[tuple[int, str]]]:
+    """Profiler op trees of ``conv``'s forward and backward: ``{"forward": rows, "backward":
+    rows}`` as :func:`profile_ops` returns them."""
+    with _maybe_backend(backend, conv):
+        forward = profile_ops(conv.forward)
+        y = conv.forward()
+        grad = torch.randn_like(y)
+        backward = profile_ops(lambda: y.backward(grad))
+    return {"forward": forward, "backward": backward}
+
+
+def format_tree(rows: Sequence[tuple[int, str]], indent: str = "  ") -> str:
+    """Indented op names, one per line."""
+    return "\n".join(f"{indent * depth}{name}" for depth, name in rows)
+
+
+# --- convlab trace ----------------------------------------------------------------------------
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        return [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated ints such as 8,64,56,56, got {text!r}"
+        ) from None
+
+
+def _dtype(text: str) -> torch.dtype:
+    value = getattr(torch, text, None)
+    if not isinstance(value, torch.dtype) or not value.is_floating_point:
+        raise argparse.ArgumentTypeError(f"expected a floating dtype such as float32, got {text!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``convlab trace`` argument parser."""
+    ap = argparse.ArgumentParser(
+        prog="convlab trace",
+        description="Trace the ATen ops (and the conv backend ATen selects) of one "
+        "convolution's forward and backward.",
+    )
+    ap.add_argument("--input", type=_int_list, default=[8, 64, 56, 56],
+                    help="input shape N,C,*spatial (default 8,64,56,56)")
+    ap.add_argument("--weight", type=_int_list, default=[64, 64, 3, 3],
+                    help="weight shape (default 64,64,3,3)")
+    ap.add_argument("--stride", type=_int_list, default=[1])
+    ap.add_argument("--padding", type=_int_list, default=[1])
+    ap.add_argument("--dilation", type=_int_list, default=[1])
+    ap.add_argument("--output-padding", type=_int_list, default=[0])
+    ap.add_argument("--groups", type=int, default=1)
+    ap.add_argument("--transposed", action="store_true", help="a transposed convolution")
+    ap.add_argument("--no-bias", action="store_true", help="no bias tensor")
+    ap.add_argument("--dtype", type=_dtype, default=torch.float32)
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--channels-last", action="store_true", help="channels_last memory format")
+    ap.add_argument("--backend", choices=BACKEND_CHOICES, help="force a backend (use_backend)")
+    ap.add_argument("--profile", action="store_true",
+                    help="also print the profiler's nested op names")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``convlab trace [options]``: print the op trace of one conv's forward and backward."""
+    args = build_parser().parse_args(argv)
+    try:
+        conv = make_conv(
+            args.input, args.weight, not args.no_bias, args.stride, args.padding, args.dilation,
+            args.transposed, args.output_padding, args.groups, args.dtype, args.device,
+            args.channels_last,
+        )
+        rec = trace_conv(conv, args.backend)
+        trees = profile_conv(conv, args.backend) if args.profile else None
+    except (TypeError, ValueError, RuntimeError) as exc:
+        print(f"convlab trace: error: {exc}", file=sys.stderr)
+        return 2
+    kind = "conv_transpose" if args.transposed else "conv"
+    print(f"{kind}{conv.params.dim}d  input {list(conv.input.shape)}  weight "
+          f"{list(conv.weight.shape)}  bias {conv.bias is not None}  {args.dtype}  "
+          f"{conv.input.device}")
+    print(f"params: {conv.params}")
+    print(f"flags: mkldnn={torch.backends.mkldnn.enabled} "
+          f"nnpack={torch._C._get_nnpack_enabled()} cudnn={torch.backends.cudnn.enabled} "
+          f"threads={torch.get_num_threads()}"
+          + (f"  forced backend: {args.backend}" if args.backend else ""))
+    print()
+    print(rec.table())
+    if trees is not None:
+        for phase, rows in trees.items():
+            print(f"\nprofiler, {phase}:")
+            print(format_tree(rows))
+    return 0
+

@@ -1,0 +1,182 @@
+"""convlab.dispatch: the op recorder, the profiler tree and the `convlab trace` command."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from convlab import dispatch
+from convlab.cli import main as cli_main
+from convlab.dispatch import (
+    OpRecorder,
+    format_table,
+    format_tree,
+    make_conv,
+    profile_conv,
+    profile_ops,
+    trace_conv,
+)
+from convlab.native import available_backends, select_backend
+
+
+@pytest.fixture(autouse=True)
+def _flags_restored():
+    before = (torch.backends.mkldnn.enabled, torch._C._get_nnpack_enabled())
+    yield
+    assert (torch.backends.mkldnn.enabled, torch._C._get_nnpack_enabled()) == before
+
+
+def ops(rec: OpRecorder, phase: str) -> list[str]:
+    return [r.op for r in rec.records if r.phase == phase]
+
+
+def test_recorder_sees_convolution_and_its_backward_with_backends() -> None:
+    conv = make_conv([2, 4, 9, 9], [6, 4, 3, 3], padding=1, dtype=torch.float64)
+    rec = trace_conv(conv)
+    assert ops(rec, "forward") == ["aten::convolution"]
+    assert "aten::convolution_backward" in ops(rec, "backward")
+    conv_records = [r for r in rec.records if r.backend is not None]
+    assert [r.backend for r in conv_records] == ["Slow2d", "Slow2d"]
+    fwd = conv_records[0]
+    assert fwd.shapes == [(2, 4, 9, 9), (6, 4, 3, 3), (6,)]
+    bwd = conv_records[1]
+    assert bwd.shapes[:3] == [(2, 6, 9, 9), (2, 4, 9, 9), (6, 4, 3, 3)]
+    assert all(r.backend is None for r in rec.records if "convolution" not in r.op)
+
+
+@pytest.mark.parametrize(
+    "kwargs, expected",
+    [
+        (dict(dilation=2, dtype=torch.float64), "SlowDilated2d"),
+        (dict(transposed=True, stride=2, dtype=torch.float64), "SlowTranspose2d"),
+        (dict(dtype=torch.float32), "Mkldnn"),
+    ],
+)
+def test_recorded_backend_is_select_backend(kwargs, expected) -> None:
+    if expected == "Mkldnn" and not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this build")
+    ws = [4, 6, 3, 3] if kwargs.get("transposed") else [6, 4, 3, 3]
+    conv = make_conv([2, 4, 9, 9], ws, **kwargs)
+    rec = trace_conv(conv)
+    backends = [r.backend for r in rec.records if r.backend]
+    assert backends == [expected, expected]
+    assert select_backend(*conv.args()) == expected
+
+
+def test_trace_under_a_forced_backend() -> None:
+    conv = make_conv([2, 4, 9, 9], [6, 4, 3, 3], dtype=torch.float32)
+    rec = trace_conv(conv, backend="slow")
+    assert [r.backend for r in rec.records if r.backend] == ["Slow2d", "Slow2d"]
+    with pytest.raises(ValueError, match="cannot serve"):
+        trace_conv(make_conv([2, 4, 9, 9], [6, 4, 3, 3], dtype=torch.float64), backend="mkldnn")
+
+
+def test_table_lists_every_record() -> None:
+    conv = make_conv([1, 2, 5, 5], [3, 2, 3, 3], dtype=torch.float64)
+    rec = trace_conv(conv)
+    table = rec.table()
+    lines = table.splitlines()
+    assert lines[0].split() == ["#", "pass", "aten", "op", "backend", "tensor", "shapes"]
+    kept = [r for r in rec.records if r.op != "aten::detach"]
+    assert len(lines) == 2 + len(kept)
+    assert "aten::convolution_backward  Slow2d" in table
+    assert "[1,2,5,5] [3,2,3,3] [3]" in table
+
+
+def test_format_table_aligns_columns() -> None:
+    text = format_table(["a", "bb"], [["xxx", "y"], ["z", "wwww"]])
+    assert text.splitlines() == ["a    bb", "---  ----", "xxx  y", "z    wwww"]
+
+
+def test_profiler_shows_the_nesting_below_convolution() -> None:
+    conv = make_conv([2, 4, 9, 9], [6, 4, 3, 3], dtype=torch.float64)
+    trees = profile_conv(conv)
+    fwd = trees["forward"]
+    assert fwd[:3] == [(0, "aten::conv2d"), (1, "aten::convolution"), (2, "aten::_convolution")]
+    # selection itself asks the dispatcher whether NNPACK is usable, then runs the kernel
+    assert (3, "aten::_nnpack_available") in fwd
+    assert fwd.index((3, "aten::thnn_conv2d")) + 1 == fwd.index((4, "aten::_slow_conv2d_forward"))
+    bwd = trees["backward"]
+    names = [n for _, n in bwd]
+    assert bwd[:2] == [(0, "ConvolutionBackward0"), (1, "aten::convolution_backward")]
+    assert (2, "aten::_slow_conv2d_backward") in bwd
+    assert (3, "aten::sum") in bwd  # grad_bias, inside the slow kernel
+    assert not any("empty" in n or "AccumulateGrad" in n for n in names)
+
+
+def test_profiler_backward_rereads_the_flags() -> None:
+    if not torch.backends.mkldnn.is_available():
+        pytest.skip("no oneDNN in this build")
+    conv = make_conv([2, 4, 9, 9], [6, 4, 3, 3], dtype=torch.float32)
+    fwd = profile_ops(conv.forward)
+    assert (3, "aten::mkldnn_convolution") in fwd
+    y = conv.forward()
+    saved = torch.backends.mkldnn.enabled
+    try:
+        torch.backends.mkldnn.enabled = False
+        bwd = profile_ops(lambda: y.backward(torch.ones_like(y)))
+    finally:
+        torch.backends.mkldnn.enabled = saved
+    assert "aten::_slow_conv2d_backward" in [n for _, n in bwd]
+
+
+def test_profile_ops_unhidden_keeps_allocations() -> None:
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    rows = profile_ops(lambda: torch.nn.functional.conv2d(x, w), hide=False)
+    assert any(name == "aten::empty" for _, name in rows)
+    assert format_tree([(0, "a"), (1, "b")]) == "a\n  b"
+
+
+def test_profile_ops_writes_nothing_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    profile_ops(lambda: torch.nn.functional.conv2d(x, w))
+    assert capfd.readouterr().err == ""
+
+
+def test_make_conv_validates() -> None:
+    with pytest.raises(ValueError, match="groups=3 must divide"):
+        make_conv([2, 4, 9, 9], [6, 4, 3, 3], groups=3)
+    with pytest.raises(ValueError, match="at least 3 dims"):
+        make_conv([2, 4], [6, 4])
+    conv = make_conv([2, 4, 9, 9], [6, 4, 3, 3], channels_last=True, bias=False)
+    assert conv.input.is_contiguous(memory_format=torch.channels_last) and conv.bias is None
+
+
+def test_cli_trace_prints_the_trace(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = cli_main(["trace", "--input", "2,4,9,9", "--weight", "6,4,3,3", "--dtype", "float64",
+                   "--dilation", "2", "--no-bias", "--profile"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "conv2d  input [2, 4, 9, 9]  weight [6, 4, 3, 3]  bias False  torch.float64" in out
+    assert "aten::convolution           SlowDilated2d" in out
+    assert "aten::convolution_backward  SlowDilated2d" in out
+    assert "aten::slow_conv_dilated2d" in out  # from the profiler tree
+
+
+def test_cli_trace_transposed_3d_and_forced(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = dispatch.main(["--input", "1,2,4,4,4", "--weight", "2,3,2,2,2", "--transposed",
+                        "--stride", "2", "--dtype", "float64", "--backend", "slow"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "conv_transpose3d" in out and "forced backend: slow" in out
+    assert out.count("SlowTranspose3d") == 2
+
+
+def test_cli_trace_reports_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = dispatch.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--groups", "3"])
+    assert rc == 2
+    assert "groups=3 must divide in_channels=4" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        dispatch.main(["--input", "2,x"])
+    rc = dispatch.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--dtype", "float64",
+                        "--backend", "mkldnn"])
+    assert rc == 2 and "cannot serve" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+def test_cuda_trace_shows_cudnn(capsys: pytest.CaptureFixture[str]) -> None:
+    rc = dispatch.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--device", "cuda"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    expect = "Cudnn" if "cudnn" in available_backends("cuda") else "Slow2d"
+    assert out.count(expect) >= 2

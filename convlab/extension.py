@@ -1,0 +1,275 @@
+"""A small C++ extension that calls ATen's convolution backward from C++.
+
+:func:`load` compiles ``convlab/csrc/convlab_ext.cpp`` on first use with
+``torch.utils.cpp_extension.load`` (ninja), caches the build in ``TORCH_EXTENSIONS_DIR``
+(default: torch's own cache folder) and returns a :class:`NativeExtension` whose methods
+validate their arguments with :class:`~convlab.params.ConvParams`, then call the C++ ops
+``torch.ops.convlab_ext.convolution_backward`` and
+``torch.ops.convlab_ext.slow_conv2d_backward_out``.
+
+The C++ code only calls the dispatcher, so CUDA tensors work (through cuDNN or ATen's CUDA
+kernels) whenever torch itself was built with CUDA; nothing is compiled with nvcc.
+
+>>> ext = load()                                        # doctest: +SKIP
+>>> gi, gw, gb = ext.convolution_backward(go, x, w, [8], 1, 0, 1, False, 0, 1,
+...                                       [True, True, True])  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+
+from convlab.params import ConvParams, IntOrSeq, check_same, check_tensor, normalize
+
+NAME = "convlab_ext"
+SOURCE = Path(__file__).resolve().parent / "csrc" / "convlab_ext.cpp"
+# Without fcntl (Windows) a torch `lock` file older than this is taken as left by a killed build.
+STALE_LOCK_SECONDS = 600.0
+
+_LOADED: NativeExtension | None = None
+_THREAD_LOCK = threading.Lock()
+
+
+class NativeExtension:
+    """The loaded extension: validated Python front-ends of the two C++ ops.
+
+    ``ops`` is the raw op namespace ``torch.ops.convlab_ext`` (no validation);
+    ``library`` the path of the built shared library.
+    """
+
+    def __init__(self, library: str) -> None:
+        self.library = library
+        self.ops = torch.ops.convlab_ext
+        self.source = SOURCE
+
+    def convolution_backward(
+        self,
+        grad_output: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        bias_sizes: Sequence[int] | None,
+        stride: IntOrSeq,
+        padding: IntOrSeq,
+        dilation: IntOrSeq,
+        transposed: bool,
+        output_padding: IntOrSeq,
+        groups: int,
+        output_mask: Sequence[bool],
+    ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+        """``at::convolution_backward`` called from C++; ATen's signature and return tuple.
+
+        Shapes: ``grad_output`` is the forward output's shape, ``input`` ``[N, C_in, *S]``,
+        ``weight`` ``[C_out, C_in/groups, *K]`` (``[C_in, C_out/groups, *K]`` transposed).
+        ``bias_sizes`` is ``None``, ``[C_out]`` or ``[0]`` (no bias). Returns
+        ``(grad_input, grad_weight, grad_bias)``, ``None`` where ``output_mask`` is off.
+
+        One guard differs from ATen: with ``output_mask[2]`` set, ``[C_out]`` is passed as
+        ``bias_sizes``, because ATen aborts the whole process on ``None`` with an empty batch.
+
+        >>> ext.convolution_backward(go, x, w, None, 1, 0, 1, False, 0, 1,
+        ...                          [True, True, False])  # doctest: +SKIP
+        """
+        p = ConvParams.for_tensors(
+            input, weight, None, stride, padding, dilation, transposed, output_padding, groups
+        )
+        p.check_grad_output(grad_output, input, weight)
+        mask = _check_mask(output_mask)
+        out_channels = p.output_shape(tuple(input.shape), tuple(weight.shape))[1]
+        sizes = _check_bias_sizes(bias_sizes, out_channels)
+        if mask[2]:
+            sizes = [out_channels]
+        return self.ops.convolution_backward(
+            grad_output, input, weight, sizes, list(p.stride), list(p.padding),
+            list(p.dilation), p.transposed, list(p.output_padding), p.groups, mask,
+        )
+
+    def slow_conv2d_backward_out(
+        self,
+        grad_input: torch.Tensor,
+        grad_weight: torch.Tensor,
+        grad_bias: torch.Tensor,
+        grad_output: torch.Tensor,
+        input: torch.Tensor,
+        weight: torch.Tensor,
+        kernel_size: IntOrSeq,
+        stride: IntOrSeq,
+        padding: IntOrSeq,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``at::_slow_conv2d_backward_out``: the slow 2-d backward into the caller's buffers.
+
+        The three buffers are written in place and resized only when their shape is wrong
+        (``torch.empty(0)`` is fine), so a buffer that is already the right size keeps its
+        storage. No dilation or groups: this is ATen's THNN-style im2col kernel.
+        Shapes: ``input`` ``[N, C_in, H, W]``, ``weight`` ``[C_out, C_in, kH, kW]``,
+        ``grad_output`` ``[N, C_out, H_out, W_out]``. Returns the three buffers.
+
+        >>> gi, gw, gb = torch.empty(0), torch.empty(0), torch.empty(0)   # doctest: +SKIP
+        >>> ext.slow_conv2d_backward_out(gi, gw, gb, go, x, w, 3, 1, 1)  # doctest: +SKIP
+        """
+        p = ConvParams.for_tensors(input, weight, None, stride, padding)
+        if p.dim != 2:
+            raise ValueError(
+                f"weight must be 4-d [C_out, C_in, kH, kW] for the slow 2-d path, "
+                f"got shape {list(weight.shape)}"
+            )
+        kernel = normalize(kernel_size, 2, "kernel_size")
+        if kernel != tuple(weight.shape[2:]):
+            raise ValueError(
+                f"kernel_size={list(kernel)} must equal weight's spatial shape "
+                f"{list(weight.shape[2:])}"
+            )
+        p.check_grad_output(grad_output, input, weight)
+        for buf, name in ((grad_input, "grad_input"), (grad_weight, "grad_weight"),
+                          (grad_bias, "grad_bias")):
+            check_tensor(buf, name)
+            check_same(input, buf, "input", name)
+            if buf.numel() and not buf.is_contiguous():
+                raise ValueError(f"{name} must be contiguous (or empty, to be resized)")
+        return self.ops.slow_conv2d_backward_out(
+            grad_input, grad_weight, grad_bias, grad_output, input, weight,
+            list(kernel), list(p.stride), list(p.padding),
+        )
+
+
+def load(verbose: bool = False) -> NativeExtension:
+    """Build (first call only) and load the extension; later calls return the same object.
+
+    Raises ``RuntimeError`` when ninja or a C++ compiler cannot be found.
+
+    >>> ext = load()                                # doctest: +SKIP
+    >>> ext is load()                               # doctest: +SKIP
+    True
+    """
+    global _LOADED
+    with _THREAD_LOCK:
+        if _LOADED is None:
+            _LOADED = _build(verbose)
+        return _LOADED
+
+
+def build_directory() -> Path:
+    """Folder of the build: ``$TORCH_EXTENSIONS_DIR/convlab_ext``, or torch's default
+    ``<cache>/torch_extensions/py3X_<cpu|cuXYZ>/convlab_ext``."""
+    root = os.environ.get("TORCH_EXTENSIONS_DIR")
+    if not root:
+        from torch.utils.cpp_extension import get_default_build_root
+
+        accel = f"cu{torch.version.cuda.replace('.', '')}" if torch.version.cuda else "cpu"
+        if torch.version.hip:
+            accel = f"rocm{torch.version.hip.replace('.', '')}"
+        root = os.path.join(
+            get_default_build_root(), f"py{sys.version_info.major}{sys.version_info.minor}_{accel}"
+        )
+    return Path(root) / NAME
+
+
+def ensure_ninja() -> str:
+    """Make sure ``ninja`` is on ``PATH`` (adding this interpreter's ``bin``); return its path."""
+    found = shutil.which("ninja")
+    if found:
+        return found
+    venv_bin = os.path.dirname(sys.executable)
+    found = shutil.which("ninja", path=venv_bin)
+    if not found:
+        raise RuntimeError(
+            "ninja is needed to build and load the C++ extension but was not found on PATH "
+            f"or next to {sys.executable}: `pip install ninja` (or apt-get install ninja-build)"
+        )
+    os.environ["PATH"] = venv_bin + os.pathsep + os.environ.get("PATH", "")
+    return found
+
+
+def check_compiler() -> str:
+    """Return the C++ compiler torch will use (``$CXX`` or ``c++``); ``RuntimeError`` if absent."""
+    compiler = os.environ.get("CXX", "c++")
+    found = shutil.which(compiler)
+    if not found:
+        raise RuntimeError(
+            f"no C++ compiler found (looked for {compiler!r}, from $CXX or the default 'c++'): "
+            "install g++ or clang++, or point CXX at one, to build convlab's C++ extension"
+        )
+    return found
+
+
+@contextlib.contextmanager
+def _build_lock(folder: Path) -> Iterator[None]:
+    """Serialise convlab builds across processes and clear a stale torch ``lock`` file.
+
+    torch's own lock is a file that a killed build leaves behind, after which every load
+    waits forever. An ``fcntl`` lock dies with its process, so while we hold ours no other
+    convlab load is building, and a ``lock`` file still there is stale.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    torch_lock = folder / "lock"
+    try:
+        import fcntl
+    except ImportError:  # Windows: fall back to the lock file's age
+        fcntl = None
+    if fcntl is None:
+        with contextlib.suppress(FileNotFoundError):
+            if time.time() - torch_lock.stat().st_mtime > STALE_LOCK_SECONDS:
+                torch_lock.unlink()
+        yield
+        return
+    with open(folder / "convlab.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            torch_lock.unlink(missing_ok=True)
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _build(verbose: bool) -> NativeExtension:
+    from torch.utils.cpp_extension import load as cpp_load
+
+    ensure_ninja()
+    check_compiler()
+    folder = build_directory()
+    with _build_lock(folder):
+        library = cpp_load(
+            NAME,
+            [str(SOURCE)],
+            build_directory=str(folder),
+            is_python_module=False,
+            verbose=verbose,
+        )
+    return NativeExtension(str(library))
+
+
+def _check_mask(output_mask: Sequence[bool]) -> list[bool]:
+    if isinstance(output_mask, torch.Tensor):
+        output_mask = output_mask.tolist()
+    if (
+        isinstance(output_mask, str | bytes)
+        or not isinstance(output_mask, Sequence)
+        or len(output_mask) != 3
+        or not all(isinstance(m, bool) for m in output_mask)
+    ):
+        raise TypeError(f"output_mask must be a sequence of 3 bools, got {output_mask!r}")
+    return list(output_mask)
+
+
+def _check_bias_sizes(bias_sizes: Sequence[int] | None, out_channels: int) -> list[int] | None:
+    if bias_sizes is None:
+        return None
+    if isinstance(bias_sizes, str | bytes) or not isinstance(bias_sizes, Sequence) or not all(
+        isinstance(s, int) and not isinstance(s, bool) for s in bias_sizes
+    ):
+        raise TypeError(f"bias_sizes must be None or a sequence of ints, got {bias_sizes!r}")
+    sizes = list(bias_sizes)
+    if sizes not in ([out_channels], [0]):
+        raise ValueError(
+            f"bias_sizes must be None, [{out_channels}] (out_channels) or [0] (no bias), "
+            f"got {sizes}"
+        )
+    return sizes

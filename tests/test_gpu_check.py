@@ -1,0 +1,129 @@
+"""CPU-side tests of scripts/gpu_check.py: notebook-to-script conversion and the runner."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+gpu_check = importlib.util.module_from_spec(_spec)
+sys.modules["gpu_check"] = gpu_check  # dataclasses look their module up by name
+_spec.loader.exec_module(gpu_check)
+
+COLAB = (
+    "import sys\n"
+    'if "google.colab" in sys.modules:  # on Colab only: install convlab from the repository\n'
+    '    %pip install -q "convlab @ git+https://github.com/conv-backward/conv-backward-book"\n'
+)
+
+
+def notebook(*sources: str, markdown: str = "# title") -> dict:
+    cells = [{"cell_type": "markdown", "metadata": {}, "source": markdown}]
+    for i, src in enumerate(sources, start=1):
+        cells.append({"cell_type": "code", "metadata": {}, "execution_count": i, "outputs": [],
+                      "source": src.splitlines(keepends=True)})
+    return {"cells": cells, "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+
+
+def test_magics_become_pass_at_their_indent() -> None:
+    code = gpu_check.cell_to_python(COLAB)
+    assert "%pip" not in code.replace("# was: %pip", "")
+    assert '    pass  # was: %pip install -q "convlab @' in code
+    compile(code, "cell", "exec")
+    assert gpu_check.cell_to_python("!nvidia-smi\nx = 1") == "pass  # was: !nvidia-smi\nx = 1"
+
+
+def test_cell_magics() -> None:
+    assert gpu_check.cell_to_python("%%time\nx = 1\ny = 2") == "x = 1\ny = 2"
+    assert gpu_check.cell_to_python("%%bash\necho hi") == ""
+    assert gpu_check.cell_to_python("%%writefile f.py\nprint(1)") == ""
+
+
+def test_notebook_to_script_keeps_code_cells_in_order_with_markers() -> None:
+    script = gpu_check.notebook_to_script(notebook(COLAB, "a = 1", "%%bash\nls", "b = a + 1"))
+    assert "# title" not in script
+    assert script.index("a = 1") < script.index("b = a + 1")
+    assert [n for n in range(1, 5) if f"# --- cell {n} ---" in script] == [1, 2, 3, 4]
+    namespace: dict = {}
+    exec(compile(script, "nb", "exec"), namespace)
+    assert namespace["b"] == 2
+    line = script.splitlines().index("b = a + 1") + 1
+    assert gpu_check.cell_of_line(script, line) == 4
+    assert gpu_check.cell_of_line(script, 1) is None  # the prelude belongs to no cell
+
+
+def test_notebook_to_script_reports_a_syntax_error() -> None:
+    with pytest.raises(SyntaxError):
+        gpu_check.notebook_to_script(notebook("def f(:\n    pass"))
+
+
+def test_toc_notebooks_match_the_book_helper() -> None:
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from toc_notebooks import toc_notebooks
+
+    assert gpu_check.toc_notebooks() == toc_notebooks()
+
+
+def test_toc_notebooks_without_yaml(tmp_path, monkeypatch) -> None:
+    (tmp_path / "book").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "book" / f"{name}.ipynb").write_text("{}")
+    (tmp_path / "_toc.yml").write_text(
+        "format: jb-book\nroot: book/intro\nparts:\n  - caption: C\n    chapters:\n"
+        "      - file: book/b\n      - file: book/missing\n      - file: book/a\n"
+    )
+    monkeypatch.setitem(sys.modules, "yaml", None)  # `import yaml` now raises ImportError
+    assert gpu_check.toc_notebooks(tmp_path) == [tmp_path / "book/b.ipynb",
+                                                 tmp_path / "book/a.ipynb"]
+
+
+def test_missing_imports_lists_absent_modules(tmp_path) -> None:
+    (tmp_path / "mypkg").mkdir()  # a package of the checkout: found without being installed
+    (tmp_path / "mypkg" / "__init__.py").write_text("")
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    (tests / "helper.py").write_text("import no_such_module_abc\n")
+    (tests / "conftest.py").write_text("import os\n")
+    path = tests / "test_x.py"
+    path.write_text("import os\nimport torch\nimport mypkg\nfrom conftest import x\n"
+                    "from no_such_module_xyz import y\n")
+    assert gpu_check._missing_imports(path, tmp_path) == ["no_such_module_xyz"]
+    # a sibling test module that cannot be imported makes its importers unimportable too
+    path.write_text("from helper import z\n")
+    assert gpu_check._missing_imports(path, tmp_path) == ["no_such_module_abc"]
+
+
+def test_missing_imports_of_this_checkout_are_none() -> None:
+    # Every test file here must be runnable by gpu-check where its dependencies exist.
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        assert gpu_check._missing_imports(path) == [], path.name
+
+
+def test_run_notebook_passes_and_fails_with_the_cell(tmp_path) -> None:
+    good = tmp_path / "good.ipynb"
+    # The checkout must be importable and matplotlib headless in the child process.
+    good.write_text(json.dumps(notebook(
+        COLAB, "import convlab, matplotlib\nassert matplotlib.get_backend().lower() == 'agg'",
+        "display(convlab.__version__)\nopen('ran.txt', 'w').write('yes')",
+    )))
+    result = gpu_check.run_notebook(good, timeout=120, root=ROOT)
+    assert result.ok, result.log
+    assert (tmp_path / "ran.txt").read_text() == "yes"  # ran in the notebook's folder
+
+    bad = tmp_path / "bad.ipynb"
+    bad.write_text(json.dumps(notebook(COLAB, "x = 1", "raise ValueError('boom')")))
+    result = gpu_check.run_notebook(bad, timeout=120, root=ROOT)
+    assert not result.ok
+    assert result.detail == "code cell 3: ValueError: boom"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-CUDA exit")
+def test_main_without_cuda_exits_with_a_message(capsys) -> None:
+    assert gpu_check.main([]) == 2
+    assert "no CUDA device" in capsys.readouterr().err

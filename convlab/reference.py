@@ -1,0 +1,405 @@
+"""Convolution forward, backward and double backward from torch ops: the team's yardstick.
+
+Each function has the signature, argument order and return tuple of its ``torch.ops.aten``
+twin (``convolution``, ``convolution_backward``, ``_convolution_double_backward``), works for
+1-d, 2-d and 3-d convolutions with stride, padding, dilation, groups, ``transposed`` and
+``output_padding``, and never calls a native convolution kernel: everything is an N-d
+im2col (:mod:`convlab.im2col`), one batched GEMM over the groups, and an N-d col2im.
+
+Three GEMMs make a convolution. With columns ``X = im2col(x)`` ``[G, C/G*k, N*L]``, the
+weight as ``W`` ``[G, K/G, C/G*k]`` and the output as ``Y`` ``[G, K/G, N*L]``:
+
+* forward: ``Y = W @ X``;
+* grad_input: ``col2im(W^T @ dY)``;
+* grad_weight: ``dY @ X^T`` (sums over the batch and the positions at once).
+
+With stride 1, grad_input is also a plain convolution (of the padded ``dY`` with the
+flipped kernel); that gather form replaces the GEMM + col2im scatter when it is not larger.
+
+A transposed convolution's forward is the grad_input of a normal one, so its backward swaps
+the roles: its grad_input is a normal forward, its grad_weight a normal grad_weight with
+input and grad_output exchanged.
+
+All functions take any float dtype the device's matmul supports; device and dtype follow
+the inputs, and the forward is differentiable by autograd.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from convlab.im2col import col2im, im2col
+from convlab.params import ConvParams, IntOrSeq, check_same, check_tensor
+
+__all__ = [
+    "convolution",
+    "convolution_backward",
+    "convolution_double_backward",
+    "convolution_jvp",
+]
+
+Mask = Sequence[bool]
+Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+
+
+# ---------------------------------------------------------------------------------------
+# The three GEMMs of a normal (non-transposed) convolution, without bias.
+# Here `x` is the input [N, C, *S], `w` the weight [K, C/G, *k], `gy` the grad of the
+# output [N, K, *O]; `p` holds stride/padding/dilation/groups (transposed is ignored).
+
+
+def _as_matrices(y: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[N, K, *O]`` -> ``[G, K/G, N*L]`` (one copy)."""
+    n, k, positions = y.shape[0], y.shape[1], math.prod(y.shape[2:])
+    per_group = k // groups
+    return (
+        y.reshape(n, groups, per_group, positions)
+        .permute(1, 2, 0, 3)
+        .reshape(groups, per_group, n * positions)
+    )
+
+
+def _weight_matrix(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[K, C/G, *k]`` -> ``[G, K/G, C/G*k]`` (a view when ``w`` is contiguous)."""
+    return w.reshape(groups, w.shape[0] // groups, -1)
+
+
+def _forward(
+    x: torch.Tensor, w: torch.Tensor, out_size: Sequence[int], p: ConvParams
+) -> torch.Tensor:
+    """Normal convolution ``[N, C, *S] -> [N, K, *out_size]``; ``out_size`` may be smaller
+    than the full output (then only the first positions are computed)."""
+    n, k = x.shape[0], w.shape[0]
+    cols = im2col(x, w.shape[2:], out_size, p.stride, p.padding, p.dilation, p.groups)
+    y = torch.matmul(_weight_matrix(w, p.groups), cols)  # [G, K/G, N*L]
+    return y.reshape(k, n, *out_size).transpose(0, 1).contiguous()
+
+
+def _grad_input(
+    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams,
+    gy_mat: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Input gradient ``[N, C, *S]`` of a normal conv for ``gy`` ``[N, K, *O]``.
+
+    ``O`` may be smaller than the full output size. ``gy_mat`` is ``_as_matrices(gy)`` when
+    the caller already has it.
+    """
+    kernel, out_size = w.shape[2:], gy.shape[2:]
+    # The gather form unfolds gy (C_out rows per kernel offset), the scatter form writes
+    # C_in rows per offset and then sums them: take the gather unless it has more rows.
+    if all(s == 1 for s in p.stride) and w.shape[0] <= input_shape[1]:
+        return _grad_input_unit_stride(gy, w, input_shape, p)
+    if gy_mat is None:
+        gy_mat = _as_matrices(gy, p.groups)
+    gcols = torch.matmul(_weight_matrix(w, p.groups).transpose(1, 2), gy_mat)
+    return col2im(gcols, input_shape, kernel, out_size, p.stride, p.padding, p.dilation)
+
+
+def _grad_input_unit_stride(
+    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams
+) -> torch.Tensor:
+    """With stride 1, grad_input is itself a convolution: of ``gy`` padded by
+    ``dilation * (k - 1) - padding`` with the flipped kernel, input and output channels
+    swapped within each group. A gather (im2col) is cheaper than col2im's scatter-add."""
+    g, dim = p.groups, p.dim
+    kernel, out_size, size = w.shape[2:], gy.shape[2:], input_shape[2:]
+    pads = []
+    for k, o, s, pad, d in zip(kernel, out_size, size, p.padding, p.dilation, strict=True):
+        left = d * (k - 1) - pad
+        pads.append((left, s + d * (k - 1) - o - left))  # negative values crop
+    gy = F.pad(gy, [v for pair in reversed(pads) for v in pair])
+    c_out, c_in_g = w.shape[:2]
+    w_t = (w.reshape(g, c_out // g, c_in_g, *kernel).transpose(1, 2)
+           .reshape(g * c_in_g, c_out // g, *kernel).flip(list(range(2, 2 + dim))))
+    unit = ConvParams.create(dim, 1, 0, p.dilation, False, 0, g)
+    return _forward(gy, w_t, size, unit)
+
+
+def _grad_weight(
+    gy_mat: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], out_size: Sequence[int],
+    p: ConvParams,
+) -> torch.Tensor:
+    """Weight gradient ``[K, C/G, *k]`` of a normal conv from ``gy_mat`` ``[G, K/G, N*L]``."""
+    cols = im2col(x, weight_shape[2:], out_size, p.stride, p.padding, p.dilation, p.groups)
+    return torch.matmul(gy_mat, cols.transpose(1, 2)).reshape(weight_shape)
+
+
+def _bias_view(bias: torch.Tensor, dim: int) -> torch.Tensor:
+    return bias.reshape(1, -1, *([1] * dim))
+
+
+# ---------------------------------------------------------------------------------------
+# Public API (ATen signatures).
+
+
+def convolution(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    stride: IntOrSeq,
+    padding: IntOrSeq,
+    dilation: IntOrSeq,
+    transposed: bool,
+    output_padding: IntOrSeq,
+    groups: int,
+) -> torch.Tensor:
+    """N-d convolution (or transposed convolution), like ``torch.ops.aten.convolution``.
+
+    Shapes: input ``[N, C_in, *S]``; weight ``[C_out, C_in/groups, *k]`` (normal) or
+    ``[C_in, C_out/groups, *k]`` (transposed); bias ``[C_out]`` or None.
+    Returns the output ``[N, C_out, *O]`` (contiguous), differentiable by autograd.
+
+    >>> x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 2, 3, 3)
+    >>> convolution(x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 2).shape
+    torch.Size([2, 6, 4, 4])
+    """
+    p = ConvParams.for_tensors(
+        input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
+    )
+    out_shape = p.output_shape(tuple(input.shape), tuple(weight.shape))
+    if p.transposed:
+        # The transposed conv is the grad_input of the normal conv that maps out -> input.
+        y = _grad_input(input, weight, out_shape, p)
+    else:
+        y = _forward(input, weight, out_shape[2:], p)
+    if bias is not None:
+        y = y + _bias_view(bias, p.dim)
+    return y
+
+
+def convolution_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: Sequence[int] | None,
+    stride: IntOrSeq,
+    padding: IntOrSeq,
+    dilation: IntOrSeq,
+    transposed: bool,
+    output_padding: IntOrSeq,
+    groups: int,
+    output_mask: Mask,
+) -> Grads:
+    """Gradients of :func:`convolution`, like ``torch.ops.aten.convolution_backward``.
+
+    Shapes: grad_output ``[N, C_out, *O]``, input and weight as in :func:`convolution`;
+    ``bias_sizes`` is None, ``[C_out]`` or ``[0]`` (as autograd passes it when there is no
+    bias) and only checked. Returns ``(grad_input, grad_weight, grad_bias)`` with the shapes
+    of input, weight and ``[C_out]``; an output whose ``output_mask`` entry is False is None.
+
+    >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    >>> gy = torch.randn(2, 4, 6, 6)
+    >>> gi, gw, gb = convolution_backward(
+    ...     gy, x, w, [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    >>> gi.shape, gw.shape, gb.shape
+    (torch.Size([2, 3, 8, 8]), torch.Size([4, 3, 3, 3]), torch.Size([4]))
+    """
+    p = ConvParams.for_tensors(
+        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
+    )
+    p.check_grad_output(grad_output, input, weight)
+    if not p.transposed and any(p.output_padding):
+        raise ValueError(
+            f"output_padding={p.output_padding} is only supported for transposed convolutions"
+        )
+    mask = _check_mask(output_mask)
+    out_channels = grad_output.shape[1]
+    _check_bias_sizes(bias_sizes, out_channels)
+
+    grad_input = grad_weight = grad_bias = None
+    if mask[0] or mask[1]:
+        if p.transposed:
+            # Normal-conv roles: "input" is grad_output (x-space), "grad_output" is input.
+            small = input.shape[2:]
+            if mask[0]:
+                grad_input = _forward(grad_output, weight, small, p)
+            if mask[1]:
+                gy_mat = _as_matrices(input, p.groups)
+                grad_weight = _grad_weight(gy_mat, grad_output, weight.shape, small, p)
+        else:
+            out_size = grad_output.shape[2:]
+            gy_mat = _as_matrices(grad_output, p.groups) if mask[1] else None
+            if mask[0]:
+                grad_input = _grad_input(grad_output, weight, input.shape, p, gy_mat)
+            if mask[1]:
+                assert gy_mat is not None
+                grad_weight = _grad_weight(gy_mat, input, weight.shape, out_size, p)
+    if mask[2]:
+        grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
+    return grad_input, grad_weight, grad_bias
+
+
+def convolution_double_backward(
+    ggI: torch.Tensor | None,
+    ggW: torch.Tensor | None,
+    ggb: torch.Tensor | None,
+    gO: torch.Tensor,
+    weight: torch.Tensor,
+    input: torch.Tensor,
+    stride: IntOrSeq,
+    padding: IntOrSeq,
+    dilation: IntOrSeq,
+    transposed: bool,
+    output_padding: IntOrSeq,
+    groups: int,
+    output_mask: Mask,
+) -> Grads:
+    """Backward of :func:`convolution_backward`, like ``aten._convolution_double_backward``.
+
+    ``ggI``, ``ggW``, ``ggb`` are the gradients flowing into grad_input, grad_weight and
+    grad_bias (shapes of input, weight and ``[C_out]``; any may be None); ``gO`` is the
+    grad_output of the first backward. The convolution is bilinear in (input, weight), so:
+
+    * ``ggO = conv(ggI, weight) + conv(input, ggW) + ggb`` (shape of gO);
+    * ``gI`` = grad_input of a conv with weight ``ggW``, for grad_output ``gO``;
+    * ``gW`` = grad_weight of a conv with input ``ggI``, for grad_output ``gO``.
+
+    Returns ``(ggO, gI, gW)``. As in ATen (checked against torch 2.13), ``output_mask`` is
+    validated but does not prune: a term is None exactly when the tensors it needs are None
+    (``ggO`` when all three are None, ``gI`` without ``ggW``, ``gW`` without ``ggI``), and
+    the convolution terms are None when ``input`` has no elements.
+
+    >>> x, w, gO = torch.randn(1, 2, 5), torch.randn(3, 2, 3), torch.randn(1, 3, 3)
+    >>> ggO, gI, gW = convolution_double_backward(
+    ...     None, torch.ones_like(w), None, gO, w, x, [1], [0], [1], False, [0], 1,
+    ...     [True, True, True])
+    >>> ggO.shape, gI.shape, gW is None
+    (torch.Size([1, 3, 3]), torch.Size([1, 2, 5]), True)
+    """
+    p = ConvParams.for_tensors(
+        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
+    )
+    try:
+        p.check_grad_output(gO, input, weight)
+    except (TypeError, ValueError) as e:
+        raise type(e)(f"gO (the grad_output of the first backward): {e}") from None
+    _check_mask(output_mask)
+    if ggI is not None:
+        _check_like(ggI, input, "ggI", "input")
+    if ggW is not None:
+        _check_like(ggW, weight, "ggW", "weight")
+    if ggb is not None:
+        check_tensor(ggb, "ggb")
+        check_same(input, ggb, "input", "ggb")
+        if tuple(ggb.shape) != (gO.shape[1],):
+            raise ValueError(f"ggb must have shape [{gO.shape[1]}], got {list(ggb.shape)}")
+    # Like ATen, a normal conv ignores output_padding here (convolution_backward rejects it).
+    output_pad = p.output_padding if p.transposed else (0,) * p.dim
+    args = (p.stride, p.padding, p.dilation, p.transposed, output_pad, p.groups)
+    has_elements = input.numel() != 0
+
+    ggO = None
+    if has_elements and ggI is not None:
+        ggO = convolution(ggI, weight, None, *args)
+    if has_elements and ggW is not None:
+        term = convolution(input, ggW, None, *args)
+        ggO = term if ggO is None else ggO + term
+    if ggb is not None:
+        term = _bias_view(ggb, p.dim).expand(gO.shape)
+        ggO = term if ggO is None else ggO + term
+
+    gI = gW = None
+    if has_elements and ggW is not None:
+        gI = convolution_backward(gO, input, ggW, None, *args, [True, False, False])[0]
+    if has_elements and ggI is not None:
+        gW = convolution_backward(gO, ggI, weight, None, *args, [False, True, False])[1]
+    return ggO, gI, gW
+
+
+def convolution_jvp(
+    input_p: torch.Tensor,
+    input_t: torch.Tensor | None,
+    weight_p: torch.Tensor,
+    weight_t: torch.Tensor | None,
+    bias_p: torch.Tensor | None,
+    bias_t: torch.Tensor | None,
+    stride: IntOrSeq,
+    padding: IntOrSeq,
+    dilation: IntOrSeq,
+    transposed: bool,
+    output_padding: IntOrSeq,
+    groups: int,
+) -> torch.Tensor:
+    """Forward-mode derivative (tangent of the output) of :func:`convolution`.
+
+    The argument order is that of ATen's ``convolution_jvp``, the ``result:`` formula of
+    ``convolution`` in ``derivatives.yaml``. The convolution is bilinear in input and
+    weight, so the tangent is ``conv(input_t, weight_p) + conv(input_p, weight_t) + bias_t``;
+    a ``None`` tangent counts as zero. Shapes as in :func:`convolution`; returns the output
+    tangent ``[N, C_out, *O]``.
+
+    >>> x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    >>> convolution_jvp(x, torch.ones_like(x), w, None, None, None,
+    ...                 1, 0, 1, False, 0, 1).shape
+    torch.Size([1, 3, 3, 3])
+    """
+    args = (stride, padding, dilation, transposed, output_padding, groups)
+    p = ConvParams.for_tensors(input_p, weight_p, bias_p, *args)
+    tangents = ((input_t, input_p, "input"), (weight_t, weight_p, "weight"))
+    for tangent, primal, name in (*tangents, (bias_t, bias_p, "bias")):
+        if tangent is None:
+            continue
+        check_tensor(tangent, f"{name}_t")
+        if primal is None:
+            raise ValueError(f"{name}_t is given but {name}_p is None")
+        check_same(primal, tangent, f"{name}_p", f"{name}_t")
+        if tangent.shape != primal.shape:
+            raise ValueError(
+                f"{name}_t must have the shape of {name}_p {list(primal.shape)}, "
+                f"got {list(tangent.shape)}"
+            )
+    out_shape = p.output_shape(tuple(input_p.shape), tuple(weight_p.shape))
+    tangent = input_p.new_zeros(out_shape)
+    if input_t is not None:
+        tangent = tangent + convolution(input_t, weight_p, None, *args)
+    if weight_t is not None:
+        tangent = tangent + convolution(input_p, weight_t, None, *args)
+    if bias_t is not None:
+        tangent = tangent + _bias_view(bias_t, p.dim)
+    return tangent
+
+
+# ---------------------------------------------------------------------------------------
+# Argument checks that ConvParams does not cover.
+
+
+def _check_mask(output_mask: object) -> tuple[bool, bool, bool]:
+    if isinstance(output_mask, (str, bytes)) or not isinstance(output_mask, Sequence):
+        raise TypeError(
+            f"output_mask must be a sequence of 3 bools, got {type(output_mask).__name__}"
+        )
+    if len(output_mask) != 3:
+        raise ValueError(f"output_mask must have 3 entries, got {len(output_mask)}")
+    for m in output_mask:
+        if not isinstance(m, bool):
+            raise TypeError(f"output_mask must contain bools, got {m!r} in {list(output_mask)}")
+    return output_mask[0], output_mask[1], output_mask[2]
+
+
+def _check_bias_sizes(bias_sizes: object, out_channels: int) -> None:
+    if bias_sizes is None:
+        return
+    if isinstance(bias_sizes, (str, bytes)) or not isinstance(bias_sizes, Sequence):
+        raise TypeError(f"bias_sizes must be None or a list of ints, got {bias_sizes!r}")
+    sizes = list(bias_sizes)
+    if any(isinstance(s, bool) or not isinstance(s, int) for s in sizes):
+        raise TypeError(f"bias_sizes must contain ints, got {sizes}")
+    if sizes not in ([out_channels], [0]):
+        raise ValueError(
+            f"bias_sizes must be None, [{out_channels}] (out_channels) or [0] (no bias), "
+            f"got {sizes}"
+        )
+
+
+def _check_like(t: object, ref: torch.Tensor, name: str, ref_name: str) -> None:
+    check_tensor(t, name)
+    assert isinstance(t, torch.Tensor)
+    check_same(ref, t, ref_name, name)
+    if t.shape != ref.shape:
+        raise ValueError(f"{name} must have the shape of {ref_name} {list(ref.shape)}, "
+                         f"got {list(t.shape)}")
+

@@ -1,0 +1,152 @@
+"""convlab.reference.convolution_double_backward against aten._convolution_double_backward."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given
+from test_reference import GRID, TIGHT, Case, cases
+
+from convlab import reference
+
+aten = torch.ops.aten
+PRESENCE = list(itertools.product([False, True], repeat=3))  # which of ggI, ggW, ggb exist
+MASKS = [list(m) for m in itertools.product([False, True], repeat=3)]
+
+
+def compare(case: Case, presence=PRESENCE, masks=([True, True, True],), device="cpu",
+            dtype=torch.float64, check=None) -> None:
+    """Every requested (ggI, ggW, ggb) presence and mask: same Nones, same values as ATen."""
+    check = check or (lambda a, e: torch.testing.assert_close(a, e, **TIGHT))
+    x, w, _ = case.tensors(dtype, device)
+    args = case.args()
+    gO = torch.randn_like(aten.convolution(x, w, None, *args))
+    full = (torch.randn_like(x), torch.randn_like(w),
+            torch.randn(case.c_out, dtype=dtype, device=device))
+    for has in presence:
+        grads = [g if h else None for g, h in zip(full, has, strict=True)]
+        for mask in masks:
+            exp = aten._convolution_double_backward(*grads, gO, w, x, *args, list(mask))
+            act = reference.convolution_double_backward(*grads, gO, w, x, *args, list(mask))
+            for name, a, e in zip(("ggO", "gI", "gW"), act, exp, strict=True):
+                assert (a is None) == (e is None), f"{name} for presence {has}, mask {mask}"
+                if e is not None:
+                    assert a.shape == e.shape and a.dtype == e.dtype and a.device == e.device
+                    check(a, e)
+
+
+@pytest.mark.parametrize("case", GRID, ids=lambda c: f"{c.dim}d-g{c.groups}-t{int(c.transposed)}")
+def test_grid_matches_aten(case: Case) -> None:
+    compare(case)
+
+
+@pytest.mark.parametrize("case", [GRID[4], GRID[7]], ids=["2d", "2d-transposed"])
+def test_every_presence_and_mask(case: Case) -> None:
+    """ATen ignores output_mask here (a term is None only when its inputs are): so do we."""
+    compare(case, masks=MASKS)
+
+
+def test_none_conventions() -> None:
+    """The rules spelled out, so the docstring cannot drift from ATen."""
+    case = GRID[4]
+    x, w, _ = case.tensors()
+    args = case.args()
+    gO = torch.randn_like(aten.convolution(x, w, None, *args))
+    ggb = torch.randn(case.c_out, dtype=torch.float64)
+    assert reference.convolution_double_backward(None, None, None, gO, w, x, *args,
+                                                 [True] * 3) == (None, None, None)
+    ggO, gI, gW = reference.convolution_double_backward(None, None, ggb, gO, w, x, *args,
+                                                        [False] * 3)
+    assert gI is None and gW is None
+    torch.testing.assert_close(ggO, ggb.view(1, -1, 1, 1).expand_as(gO), **TIGHT)
+
+
+def test_output_padding_of_a_normal_conv_is_ignored() -> None:
+    """As in ATen's ggI and ggb terms (with ggW, ATen 2.13 raises instead: its gI term passes
+    output_padding on to a transposed conv; we keep ignoring it)."""
+    case = Case(2, 4, 6, (6, 6), (3, 3), groups=2)
+    x, w, _ = case.tensors()
+    stride, padding, dilation, _, _, groups = case.args()
+    args = (stride, padding, dilation, False, [1, 1], groups, [True] * 3)
+    gO = torch.randn(2, 6, 4, 4, dtype=torch.float64)
+    grads = (torch.randn_like(x), None, torch.randn(6, dtype=torch.float64))
+    exp = aten._convolution_double_backward(*grads, gO, w, x, *args)
+    act = reference.convolution_double_backward(*grads, gO, w, x, *args)
+    assert act[1] is None and exp[1] is None
+    for a, e in zip(act[::2], exp[::2], strict=True):
+        torch.testing.assert_close(a, e, **TIGHT)
+    ggW = torch.randn_like(w)
+    ours = reference.convolution_double_backward(None, ggW, None, gO, w, x, *args)
+    zero_pad = (stride, padding, dilation, False, [0, 0], groups, [True] * 3)
+    exp = aten._convolution_double_backward(None, ggW, None, gO, w, x, *zero_pad)
+    for a, e in zip(ours[:2], exp[:2], strict=True):
+        torch.testing.assert_close(a, e, **TIGHT)
+
+
+def test_empty_batch_matches_aten() -> None:
+    """With no input elements ATen skips the convolution terms; only ggb reaches ggO."""
+    compare(Case(0, 4, 6, (5, 5), (3, 3), padding=1, groups=2))
+
+
+@given(cases())
+def test_hypothesis_matches_aten(case: Case) -> None:
+    compare(case, presence=[(True, True, True), (True, False, False), (False, True, False)])
+
+
+def test_matches_autograd_double_backward_of_reference() -> None:
+    """Independent check: differentiate reference.convolution twice with autograd."""
+    case = GRID[7]
+    x, w, b = case.tensors()
+    args = case.args()
+    x.requires_grad_()
+    w.requires_grad_()
+    b.requires_grad_()
+    y = reference.convolution(x, w, b, *args)
+    gO = torch.randn_like(y, requires_grad=True)
+    gx, gw, gb = torch.autograd.grad(y, (x, w, b), gO, create_graph=True)
+    ggI, ggW, ggb = torch.randn_like(x), torch.randn_like(w), torch.randn_like(b)
+    auto = torch.autograd.grad((gx, gw, gb), (gO, x, w), (ggI, ggW, ggb))
+    ours = reference.convolution_double_backward(ggI, ggW, ggb, gO.detach(), w.detach(),
+                                                 x.detach(), *args, [True] * 3)
+    for a, o in zip(auto, ours, strict=True):
+        torch.testing.assert_close(o, a, **TIGHT)
+
+
+def test_gradgradcheck_forward() -> None:
+    case = Case(1, 2, 4, (5, 4), (2, 2), stride=(2, 1), padding=1, dilation=(1, 2), groups=2)
+    x, w, b = case.tensors()
+    inputs = [t.requires_grad_() for t in (x, w, b)]
+    assert torch.autograd.gradgradcheck(
+        lambda x, w, b: reference.convolution(x, w, b, *case.args()), inputs
+    )
+
+
+@pytest.mark.parametrize(
+    ("which", "value", "error"),
+    [
+        ("ggI", torch.randn(2, 4, 5, 6, dtype=torch.float64), ValueError),
+        ("ggW", torch.randn(6, 2, 3, 2, dtype=torch.float64), ValueError),
+        ("ggb", torch.randn(5, dtype=torch.float64), ValueError),
+        ("ggb", torch.randn(6), TypeError),
+        ("gO", torch.randn(2, 6, 3, 4, dtype=torch.float64), ValueError),
+        ("output_mask", [True], ValueError),
+    ],
+)
+def test_bad_input(which: str, value, error) -> None:
+    case = Case(2, 4, 6, (6, 6), (3, 3), groups=2)
+    x, w, _ = case.tensors()
+    a = {"ggI": torch.randn_like(x), "ggW": torch.randn_like(w),
+         "ggb": torch.randn(6, dtype=torch.float64),
+         "gO": torch.randn(2, 6, 4, 4, dtype=torch.float64), "output_mask": [True] * 3}
+    a[which] = value
+    with pytest.raises(error, match=which):
+        reference.convolution_double_backward(a["ggI"], a["ggW"], a["ggb"], a["gO"], w, x,
+                                              *case.args(), a["output_mask"])
+
+
+@pytest.mark.cuda
+@pytest.mark.parametrize("case", GRID, ids=lambda c: f"{c.dim}d-g{c.groups}-t{int(c.transposed)}")
+def test_cuda_matches_aten(case: Case) -> None:
+    compare(case, device="cuda")

@@ -1,0 +1,97 @@
+"""per_sample_weight_grad against torch.func.vmap(torch.func.grad(...)) over F.conv*d."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import devices
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.func import grad, vmap
+
+from convlab.per_sample import per_sample_weight_grad
+
+CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+
+
+def vmap_reference(x, w, go, stride, padding, dilation, groups):
+    """Per-sample grad_weight by vmap over single samples of F.conv*d."""
+    conv = CONV[w.dim() - 2]
+
+    def loss(weight, xi, gi):
+        y = conv(xi[None], weight, None, stride, padding, dilation, groups)
+        return (y * gi[None]).sum()
+
+    return vmap(grad(loss), in_dims=(None, 0, 0))(w, x, go)
+
+
+GRID = [
+    # dim, N, C_in, C_out, size, kernel, stride, padding, dilation, groups
+    (1, 3, 2, 4, 9, 3, 1, 0, 1, 1),
+    (1, 2, 4, 4, 10, 3, 2, 1, 2, 2),
+    (2, 3, 3, 5, 7, 3, 1, 1, 1, 1),
+    (2, 2, 4, 6, 8, 2, 2, 0, 1, 2),
+    (2, 2, 4, 8, 9, 3, (2, 1), (1, 0), (1, 2), 4),
+    (2, 1, 1, 1, 5, 5, 1, 0, 1, 1),
+    (3, 2, 2, 4, 5, 2, 1, 1, 1, 2),
+    (3, 2, 3, 3, 6, 3, 2, 0, 1, 3),
+]
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("config", GRID)
+def test_matches_vmap_grad(config, device) -> None:
+    dim, n, c_in, c_out, size, k, stride, padding, dilation, groups = config
+    opts = {"dtype": torch.float64, "device": device}
+    x = torch.randn(n, c_in, *([size] * dim), **opts)
+    w = torch.randn(c_out, c_in // groups, *([k] * dim), **opts)
+    go = torch.randn_like(CONV[dim](x, w, None, stride, padding, dilation, groups))
+    ours = per_sample_weight_grad(x, w.shape, go, stride, padding, dilation, groups)
+    expected = vmap_reference(x, w, go, stride, padding, dilation, groups)
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+    # Summed over the batch it is the ordinary weight gradient.
+    summed = torch.ops.aten.convolution_backward(
+        go, x, w, None, *(list(v) for v in _lists(dim, stride, padding, dilation)),
+        False, [0] * dim, groups, [False, True, False],
+    )[1]
+    torch.testing.assert_close(ours.sum(0), summed, rtol=1e-12, atol=1e-12)
+
+
+def _lists(dim, *args):
+    return [[a] * dim if isinstance(a, int) else list(a) for a in args]
+
+
+@given(
+    dim=st.integers(1, 3),
+    n=st.integers(1, 3),
+    groups=st.integers(1, 2),
+    k=st.integers(1, 3),
+    stride=st.integers(1, 3),
+    padding=st.integers(0, 2),
+    dilation=st.integers(1, 2),
+    extra=st.integers(0, 3),
+)
+def test_hypothesis_configurations(dim, n, groups, k, stride, padding, dilation, extra) -> None:
+    size = max(1, dilation * (k - 1) + 1 - 2 * padding) + extra
+    x = torch.randn(n, 2 * groups, *([size] * dim), dtype=torch.float64)
+    w = torch.randn(groups * 2, 2, *([k] * dim), dtype=torch.float64)
+    go = torch.randn_like(CONV[dim](x, w, None, stride, padding, dilation, groups))
+    ours = per_sample_weight_grad(x, tuple(w.shape), go, stride, padding, dilation, groups)
+    expected = vmap_reference(x, w, go, stride, padding, dilation, groups)
+    torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_bad_input_names_the_argument() -> None:
+    x = torch.randn(2, 4, 6, 6, dtype=torch.float64)
+    go = torch.randn(2, 6, 4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match="grad_output must have the forward output's shape"):
+        per_sample_weight_grad(x, (6, 4, 2, 2), go)
+    with pytest.raises(ValueError, match="groups=3 must divide in_channels=4"):
+        per_sample_weight_grad(x, (6, 4, 3, 3), go, groups=3)
+    with pytest.raises(TypeError, match="grad_output has dtype torch.float32"):
+        per_sample_weight_grad(x, (6, 4, 3, 3), go.float())
+    with pytest.raises(ValueError, match="weight_size"):
+        per_sample_weight_grad(x, (6, 4), go)
+    with pytest.raises(ValueError, match="stride must be positive"):
+        per_sample_weight_grad(x, (6, 4, 3, 3), go, stride=0)

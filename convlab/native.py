@@ -412,8 +412,10 @@ def _check_slow2d(
         raise ValueError(
             f"kernel_size={ks} must equal the weight's spatial shape {list(weight.shape[2:])}"
         )
-    if input.device.type != "cpu":
-        raise ValueError(f"_slow_conv2d_backward is a CPU kernel, got input on {input.device}")
+    if input.device.type not in {"cpu", "cuda"}:
+        raise ValueError(
+            f"_slow_conv2d_backward has CPU and CUDA kernels only, got input on {input.device}"
+        )
     return ks, p
 
 
@@ -427,15 +429,16 @@ def slow_conv2d_backward(
     output_mask: Sequence[bool] = (True, True, True),
     out: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
-    """ATen's slow (im2col + GEMM) 2-d conv backward: ``aten::_slow_conv2d_backward``, CPU.
+    """ATen's slow (im2col + GEMM) 2-d conv backward: ``aten::_slow_conv2d_backward``, CPU or CUDA.
 
     No dilation or groups (the kernel has neither). Shapes: input ``[N, C_in, H, W]``, weight
     ``[C_out, C_in, kH, kW]``, grad_output ``[N, C_out, oH, oW]``. With ``out=(grad_input,
     grad_weight, grad_bias)`` the ``.grad_input`` overload writes into those buffers (resized
     in place; a buffer that is large enough keeps its storage, ``torch.empty(0)`` is fine)
     and returns them, ignoring ``output_mask``; otherwise the ``.output_mask`` overload
-    allocates and masked slots are ``None``. Inputs are made contiguous (the kernel rejects
-    other layouts).
+    allocates and masked slots are ``None``. Inputs are made contiguous: the kernel refuses
+    a channels-last input with a contiguous weight, and with a contiguous input and a
+    channels-last weight it returns a wrong ``grad_weight`` (torch 2.13).
 
     >>> x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     >>> bufs = (torch.empty(0), torch.empty(0), torch.empty(0))

@@ -518,6 +518,38 @@ def test_slow_conv2d_backward_rejects_bad_arguments() -> None:
         slow_conv2d_backward(go, x, w, 3, stride=2)
 
 
+def test_slow_conv2d_backward_rejects_devices_without_a_kernel() -> None:
+    x, w = torch.randn(2, 3, 8, 8, dtype=F64), torch.randn(4, 3, 3, 3, dtype=F64)
+    go = torch.randn(2, 4, 6, 6, dtype=F64)
+    with pytest.raises(ValueError, match="CPU and CUDA kernels only"):
+        slow_conv2d_backward(go.to("meta"), x.to("meta"), w.to("meta"), 3)
+
+
+def test_slow_conv2d_backward_makes_a_channels_last_weight_contiguous() -> None:
+    # aten's kernel returns a wrong grad_weight for a contiguous input and a CL weight.
+    x, w = torch.randn(2, 3, 8, 8, dtype=F64), torch.randn(4, 3, 3, 3, dtype=F64)
+    go = torch.randn(2, 4, 6, 6, dtype=F64)
+    got = slow_conv2d_backward(go, x, w.to(memory_format=torch.channels_last), 3)
+    want = ref.convolution_backward(go, x, w, [4], 1, 0, 1, False, 0, 1, ALL_MASK)
+    for g, r in zip(got, want, strict=True):
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+
+
+@pytest.mark.cuda
+def test_slow_conv2d_backward_on_cuda() -> None:
+    # ATen registers CUDA kernels for both overloads of _slow_conv2d_backward.
+    x = torch.randn(2, 3, 9, 9, dtype=F64, device="cuda")
+    w = torch.randn(4, 3, 3, 3, dtype=F64, device="cuda")
+    go = torch.randn(2, 4, 5, 5, dtype=F64, device="cuda")
+    want = ref.convolution_backward(go, x, w, [4], 2, 1, 1, False, 0, 1, ALL_MASK)
+    bufs = tuple(torch.empty(0, dtype=F64, device="cuda") for _ in range(3))
+    for got in (slow_conv2d_backward(go, x, w, 3, 2, 1),
+                slow_conv2d_backward(go, x, w, 3, 2, 1, out=bufs)):
+        for g, r in zip(got, want, strict=True):
+            assert g.device.type == "cuda"
+            torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+
+
 # --- torch.nn.grad equivalents ----------------------------------------------------------------
 
 NN_GRID = list(itertools.product([1, 2, 3], [1, 2], [0, 1], [1, 2], [1, 2]))

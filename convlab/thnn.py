@@ -1,0 +1,287 @@
+"""The THNN-era 2-d convolution (``SpatialConvolutionMM`` / ``thnn_conv2d_*``) in torch ops.
+
+Up to PyTorch 1.10 the CPU/CUDA "slow" 2-d convolution kept two work buffers that the
+caller owned and autograd saved between forward and backward:
+
+* ``finput``: the im2col columns of the input, ``[N, C_in*kH*kW, H_out*W_out]``, filled
+  by the forward and read again by the backward for ``grad_weight``;
+* ``fgrad_input``: scratch of the same shape for ``weightᵀ @ grad_output`` (the gradient
+  of the columns), folded back into ``grad_input`` by col2im.
+
+This module re-creates that algorithm and that calling convention. A buffer passed in is
+written in place: reshaped with ``resize_`` (which keeps its storage when it is large
+enough and grows it only when it is too small), never replaced. A buffer of the wrong
+dtype or device is refused. Like the original: 2-d only, no dilation, no groups, and an
+explicit backward (both functions run under ``torch.no_grad``). It uses strided copies
+(im2col/col2im, one per kernel offset) and GEMMs, never a native convolution op.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+
+import torch
+
+from convlab.params import ConvParams, IntOrSeq, check_same, check_tensor, normalize
+
+
+def _weight_4d(weight: torch.Tensor, kernel: tuple[int, int], input: torch.Tensor) -> torch.Tensor:
+    """View ``weight`` as ``[C_out, C_in, kH, kW]``, accepting the old 2-d layout too."""
+    if weight.dim() == 2:
+        c_in = input.shape[1] if input.dim() == 4 else -1
+        if c_in <= 0 or weight.shape[1] != c_in * kernel[0] * kernel[1]:
+            raise ValueError(
+                f"a 2-d weight must be [C_out, C_in*kH*kW] = [*, {c_in}*{kernel[0]}*{kernel[1]}],"
+                f" got shape {list(weight.shape)}"
+            )
+        return weight.reshape(weight.shape[0], c_in, *kernel)
+    if weight.dim() != 4:
+        raise ValueError(
+            f"weight must be [C_out, C_in, kH, kW] (or the 2-d [C_out, C_in*kH*kW]), "
+            f"got shape {list(weight.shape)}"
+        )
+    if tuple(weight.shape[2:]) != kernel:
+        raise ValueError(
+            f"kernel_size={list(kernel)} does not match weight of shape {list(weight.shape)}"
+        )
+    return weight
+
+
+def _validate(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    kernel_size: IntOrSeq,
+    bias: torch.Tensor | None,
+    stride: IntOrSeq,
+    padding: IntOrSeq,
+) -> tuple[ConvParams, torch.Tensor, tuple[int, int]]:
+    """Check everything up front; return the params, the 4-d weight and the kernel size."""
+    check_tensor(input, "input")
+    check_tensor(weight, "weight")
+    check_same(input, weight, "input", "weight")
+    kernel = normalize(kernel_size, 2, "kernel_size")
+    if any(k <= 0 for k in kernel):
+        raise ValueError(f"kernel_size must be positive, got {list(kernel)}")
+    if input.dim() != 4:
+        raise ValueError(f"input must be [N, C_in, H, W], got shape {list(input.shape)}")
+    w4 = _weight_4d(weight, kernel, input)
+    if bias is not None:
+        check_tensor(bias, "bias")
+        check_same(input, bias, "input", "bias")
+    params = ConvParams.create(2, stride, padding)
+    params.check_shapes(
+        tuple(input.shape), tuple(w4.shape), None if bias is None else tuple(bias.shape)
+    )
+    return params, w4, kernel  # type: ignore[return-value]
+
+
+def _valid(size: int, out: int, k: int, stride: int, pad: int) -> tuple[slice, slice] | None:
+    """For kernel offset ``k``: the output positions that read a real (not padding) pixel,
+    and the input pixels they read, as two slices of equal length; None if there are none."""
+    lo = max(0, -((k - pad) // stride))  # first o with o*stride + k - pad >= 0
+    hi = min(out - 1, (size - 1 + pad - k) // stride)  # last o with o*stride + k - pad < size
+    if hi < lo:
+        return None
+    start = lo * stride + k - pad
+    return slice(lo, hi + 1), slice(start, start + stride * (hi - lo) + 1, stride)
+
+
+def _offsets(
+    input_size: Sequence[int], out: Sequence[int], kernel: Sequence[int], params: ConvParams
+) -> Iterator[tuple[int, int, tuple[slice, slice], tuple[slice, slice]]]:
+    """Yield ``(i, j, out_slices, in_slices)`` for every kernel offset that touches the input."""
+    for i in range(kernel[0]):
+        rows = _valid(input_size[0], out[0], i, params.stride[0], params.padding[0])
+        if rows is None:
+            continue
+        for j in range(kernel[1]):
+            cols = _valid(input_size[1], out[1], j, params.stride[1], params.padding[1])
+            if cols is not None:
+                yield i, j, (rows[0], cols[0]), (rows[1], cols[1])
+
+
+def im2col_(
+    input: torch.Tensor, finput: torch.Tensor, kernel: Sequence[int], params: ConvParams
+) -> torch.Tensor:
+    """Write the columns of ``input`` [N, C, H, W] into ``finput`` [N, C*kH*kW, L] in place.
+
+    One strided copy per kernel offset (kH*kW copies, each over all pixels at once); the
+    entries that read padding are zeroed.
+    """
+    n, c, h, w = input.shape
+    out = params.output_size((h, w), kernel)
+    view = finput.view(n, c, *kernel, *out)
+    if any(params.padding):
+        finput.zero_()
+    for i, j, o, x in _offsets((h, w), out, kernel, params):
+        view[:, :, i, j, o[0], o[1]].copy_(input[:, :, x[0], x[1]])
+    return finput
+
+
+def col2im_(
+    columns: torch.Tensor, grad_input: torch.Tensor, kernel: Sequence[int], params: ConvParams
+) -> torch.Tensor:
+    """Sum ``columns`` [N, C*kH*kW, L] back onto ``grad_input`` [N, C, H, W] in place.
+
+    The inverse layout of :func:`im2col_`: one strided ``add_`` per kernel offset.
+    """
+    n, c, h, w = grad_input.shape
+    out = params.output_size((h, w), kernel)
+    view = columns.view(n, c, *kernel, *out)
+    grad_input.zero_()
+    for i, j, o, x in _offsets((h, w), out, kernel, params):
+        grad_input[:, :, x[0], x[1]].add_(view[:, :, i, j, o[0], o[1]])
+    return grad_input
+
+
+def columns_shape(
+    input_shape: Sequence[int],
+    kernel_size: IntOrSeq,
+    stride: IntOrSeq = 1,
+    padding: IntOrSeq = 0,
+) -> tuple[int, int, int]:
+    """Shape of ``finput`` (and ``fgrad_input``): ``(N, C_in*kH*kW, H_out*W_out)``.
+
+    >>> columns_shape((8, 64, 56, 56), 3, 1, 1)
+    (8, 576, 3136)
+    """
+    kernel = normalize(kernel_size, 2, "kernel_size")
+    params = ConvParams.create(2, stride, padding)
+    out = params.output_size(tuple(input_shape)[2:], kernel)
+    return (input_shape[0], input_shape[1] * math.prod(kernel), math.prod(out))
+
+
+def _check_buffer(buf: object, name: str, input: torch.Tensor) -> torch.Tensor:
+    if not isinstance(buf, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor or None, got {type(buf).__name__}")
+    check_same(input, buf, "input", name)
+    if buf.requires_grad:
+        raise ValueError(f"{name} is a work buffer and must not require grad")
+    return buf
+
+
+def _fit(buf: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
+    """Give ``buf`` the contiguous ``shape`` in place (new storage only if too small)."""
+    if tuple(buf.shape) == shape:
+        if not buf.is_contiguous():
+            raise ValueError(f"{name} must be contiguous, got strides {buf.stride()}")
+        return buf
+    return buf.resize_(shape)
+
+
+def _buffer(
+    buf: torch.Tensor | None, shape: tuple[int, ...], name: str, input: torch.Tensor
+) -> torch.Tensor:
+    if buf is None:
+        return input.new_empty(shape)
+    return _fit(_check_buffer(buf, name, input), shape, name)
+
+
+@torch.no_grad()
+def conv2d_forward(
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    kernel_size: IntOrSeq,
+    bias: torch.Tensor | None = None,
+    stride: IntOrSeq = 1,
+    padding: IntOrSeq = 0,
+    finput: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """THNN forward: ``finput = im2col(input)``, ``output = weight @ finput + bias``.
+
+    Shapes: input ``[N, C_in, H, W]``; weight ``[C_out, C_in, kH, kW]`` or
+    ``[C_out, C_in*kH*kW]``; bias ``[C_out]`` or None. ``finput`` is a buffer for the
+    columns ``[N, C_in*kH*kW, H_out*W_out]`` (any size: resized in place, storage kept
+    when large enough) or None to allocate one.
+
+    Returns ``(output [N, C_out, H_out, W_out], finput)``; keep ``finput`` for the backward.
+
+    >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    >>> buf = torch.empty(0)
+    >>> out, cols = conv2d_forward(x, w, 3, None, 1, 1, buf)
+    >>> out.shape, cols is buf, tuple(buf.shape)
+    (torch.Size([2, 4, 8, 8]), True, (2, 27, 64))
+    """
+    params, w4, kernel = _validate(input, weight, kernel_size, bias, stride, padding)
+    n, c_out, h_out, w_out = params.output_shape(tuple(input.shape), tuple(w4.shape))
+    shape = columns_shape(input.shape, kernel, params.stride, params.padding)
+    finput = _buffer(finput, shape, "finput", input)
+    im2col_(input, finput, kernel, params)
+    # One GEMM per sample, batched; the weight is broadcast (stride 0), not copied.
+    output = torch.bmm(w4.reshape(c_out, -1).expand(n, -1, -1), finput)
+    if bias is not None:
+        output.add_(bias.view(1, c_out, 1))
+    return output.view(n, c_out, h_out, w_out), finput
+
+
+@torch.no_grad()
+def conv2d_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    kernel_size: IntOrSeq,
+    stride: IntOrSeq,
+    padding: IntOrSeq,
+    finput: torch.Tensor | None,
+    fgrad_input: torch.Tensor | None,
+    output_mask: Sequence[bool] = (True, True, True),
+) -> tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]:
+    """THNN backward with explicit buffers: two GEMMs and a col2im.
+
+    * ``fgrad_input = weightᵀ @ grad_output`` (per sample), ``grad_input = col2im(fgrad_input)``;
+    * ``grad_weight = sum_n grad_output[n] @ finput[n]ᵀ``;
+    * ``grad_bias = grad_output`` summed over batch and space.
+
+    ``finput`` and ``fgrad_input`` are ``[N, C_in*kH*kW, H_out*W_out]`` buffers (see
+    :func:`columns_shape`). As in THNN, a ``finput`` that already has that shape is trusted
+    to hold ``im2col(input)`` from :func:`conv2d_forward` and is only read; None or any
+    other shape (e.g. ``torch.empty(0)``) makes the backward recompute the columns into it.
+    ``fgrad_input`` is scratch: resized in place (storage kept when large enough) and
+    overwritten. Buffers of another dtype or device are refused.
+
+    Returns ``(grad_input, grad_weight, grad_bias)`` shaped like input, weight (as passed)
+    and ``[C_out]``; ``None`` where ``output_mask`` is false.
+
+    >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
+    >>> out, cols = conv2d_forward(x, w, 3, None, 1, 1)
+    >>> gi, gw, gb = conv2d_backward(torch.ones_like(out), x, w, 3, 1, 1, cols, torch.empty(0))
+    >>> gi.shape, gw.shape, gb.shape
+    (torch.Size([2, 3, 8, 8]), torch.Size([4, 3, 3, 3]), torch.Size([4]))
+    """
+    mask = tuple(output_mask)
+    if len(mask) != 3 or not all(isinstance(m, bool) for m in mask):
+        raise ValueError(f"output_mask must be 3 bools, got {output_mask!r}")
+    params, w4, kernel = _validate(input, weight, kernel_size, None, stride, padding)
+    params.check_grad_output(grad_output, input, w4)
+    n, c_out = grad_output.shape[:2]
+    shape = columns_shape(input.shape, kernel, params.stride, params.padding)
+    # Check both buffers before any work, even the one this mask does not use.
+    reuse_columns = False
+    if finput is not None:
+        _check_buffer(finput, "finput", input)
+        reuse_columns = tuple(finput.shape) == shape
+        if reuse_columns and mask[1] and not finput.is_contiguous():
+            raise ValueError(f"finput must be contiguous, got strides {finput.stride()}")
+    if fgrad_input is not None:
+        _check_buffer(fgrad_input, "fgrad_input", input)
+    go = grad_output.contiguous().view(n, c_out, -1)  # [N, C_out, L]
+    w2 = w4.reshape(c_out, -1)  # [C_out, K]
+    grad_input = grad_weight = grad_bias = None
+    if mask[0]:
+        fgrad_input = _buffer(fgrad_input, shape, "fgrad_input", input)
+        torch.bmm(w2.t().expand(n, -1, -1), go, out=fgrad_input)
+        grad_input = torch.empty_like(input, memory_format=torch.contiguous_format)
+        col2im_(fgrad_input, grad_input, kernel, params)
+    if mask[1]:
+        if not reuse_columns:
+            finput = _buffer(finput, shape, "finput", input)
+            im2col_(input, finput, kernel, params)
+        # Accumulate per sample, as THNN did: no [N, C_out, K] temporary.
+        grad_weight = torch.mm(go[0], finput[0].t())
+        for i in range(1, n):
+            grad_weight.addmm_(go[i], finput[i].t())
+        grad_weight = grad_weight.view(weight.shape)
+    if mask[2]:
+        grad_bias = go.sum(dim=(0, 2))
+    return grad_input, grad_weight, grad_bias

@@ -1,0 +1,252 @@
+"""convlab.thnn against ATen's slow 2-d path (float64), plus the explicit-buffer contract."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from conftest import devices
+from hypothesis import given
+from hypothesis import strategies as st
+from torch.profiler import ProfilerActivity, profile
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from convlab import thnn
+
+aten = torch.ops.aten
+TOL = {"rtol": 1e-10, "atol": 1e-10}
+MASKS = list(itertools.product([True, False], repeat=3))
+
+
+def setup_case(n, c_in, c_out, size, kernel, bias=True, device="cpu", dtype=torch.float64):
+    x = torch.randn(n, c_in, *size, dtype=dtype, device=device)
+    w = torch.randn(c_out, c_in, *kernel, dtype=dtype, device=device)
+    b = torch.randn(c_out, dtype=dtype, device=device) if bias else None
+    return x, w, b
+
+
+def check_against_aten(x, w, b, kernel, stride, padding, mask=(True, True, True)) -> None:
+    s2, p2 = [stride] * 2 if isinstance(stride, int) else list(stride), [padding] * 2
+    out, finput = thnn.conv2d_forward(x, w, kernel, b, stride, padding)
+    torch.testing.assert_close(out, aten._slow_conv2d_forward(x, w, list(kernel), b, s2, p2), **TOL)
+    torch.testing.assert_close(finput, torch.nn.functional.unfold(x, kernel, 1, padding, stride))
+    go = torch.randn_like(out)
+    expected = aten._slow_conv2d_backward.output_mask(go, x, w, list(kernel), s2, p2, list(mask))
+    for cols in (finput, None, torch.empty(0, dtype=x.dtype, device=x.device)):
+        ours = thnn.conv2d_backward(go, x, w, kernel, stride, padding, cols, None, mask)
+        names = ("grad_input", "grad_weight", "grad_bias")
+        for name, a, e in zip(names, ours, expected, strict=True):
+            if e is None:
+                assert a is None, f"{name} should be None (masked)"
+            else:
+                torch.testing.assert_close(a, e, **TOL, msg=name)
+
+
+# (n, c_in, c_out, size, kernel, stride, padding)
+GRID = [
+    (2, 4, 6, (9, 8), (3, 3), 1, 1),
+    (2, 4, 6, (9, 8), (3, 2), 2, 0),
+    (3, 1, 2, (6, 5), (1, 1), 1, 0),  # 1x1 kernel, one input channel
+    (2, 2, 3, (4, 5), (4, 5), 1, 0),  # kernel equal to input
+    (1, 3, 2, (10, 10), (2, 2), 3, 1),  # stride larger than kernel, batch 1
+    (2, 3, 1, (7, 7), (5, 5), 1, 2),  # one output channel, "same" padding
+    (2, 2, 4, (11, 9), (3, 3), (2, 1), 2),  # padding as large as allowed
+]
+
+
+@pytest.mark.parametrize("case", GRID, ids=str)
+def test_matches_slow_conv2d(case) -> None:
+    n, c_in, c_out, size, kernel, stride, padding = case
+    x, w, b = setup_case(n, c_in, c_out, size, kernel)
+    check_against_aten(x, w, b, kernel, stride, padding)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+def test_every_output_mask(mask) -> None:
+    x, w, b = setup_case(2, 3, 4, (7, 6), (3, 3))
+    check_against_aten(x, w, b, (3, 3), 2, 1, mask)
+
+
+def test_no_bias_and_old_2d_weight_layout() -> None:
+    x, w, _ = setup_case(2, 3, 4, (6, 6), (3, 2), bias=False)
+    out4, _ = thnn.conv2d_forward(x, w, (3, 2), None, 1, 1)
+    out2, _ = thnn.conv2d_forward(x, w.reshape(4, -1), (3, 2), None, 1, 1)
+    torch.testing.assert_close(out2, out4, rtol=0, atol=0)
+    go = torch.randn_like(out4)
+    g4 = thnn.conv2d_backward(go, x, w, (3, 2), 1, 1, None, None)
+    g2 = thnn.conv2d_backward(go, x, w.reshape(4, -1), (3, 2), 1, 1, None, None)
+    assert g2[1].shape == (4, 18)
+    torch.testing.assert_close(g2[1], g4[1].reshape(4, -1), rtol=0, atol=0)
+    torch.testing.assert_close(g2[0], g4[0], rtol=0, atol=0)
+
+
+@st.composite
+def configs(draw):
+    kernel = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    stride = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    padding = draw(st.integers(0, 2))
+    size = tuple(max(1, k - 2 * padding) + draw(st.integers(0, 5)) for k in kernel)
+    return (draw(st.integers(1, 3)), draw(st.integers(1, 3)), draw(st.integers(1, 3)), size,
+            kernel, stride, padding)  # fmt: skip
+
+
+@given(configs(), st.sampled_from(MASKS), st.booleans())
+def test_hypothesis_matches_slow_conv2d(case, mask, bias) -> None:
+    n, c_in, c_out, size, kernel, stride, padding = case
+    x, w, b = setup_case(n, c_in, c_out, size, kernel, bias)
+    check_against_aten(x, w, b, kernel, stride, padding, mask)
+
+
+@pytest.mark.parametrize("device", devices())
+def test_follows_the_device(device) -> None:
+    x, w, b = setup_case(2, 3, 4, (8, 8), (3, 3), device=device)
+    check_against_aten(x, w, b, (3, 3), 1, 1)
+
+
+# ------------------------------------------------------------------------ explicit buffers
+
+
+def test_large_enough_buffers_keep_their_storage() -> None:
+    x, w, b = setup_case(2, 3, 4, (8, 8), (3, 3))
+    finput = torch.empty(10_000, dtype=x.dtype)  # larger than the 2*27*64 columns
+    fgrad_input = torch.empty(3, 5000, dtype=x.dtype)
+    ptrs = finput.data_ptr(), fgrad_input.data_ptr()
+    for _ in range(3):
+        out, cols = thnn.conv2d_forward(x, w, 3, b, 1, 1, finput)
+        assert cols is finput and finput.shape == (2, 27, 64)
+        thnn.conv2d_backward(torch.randn_like(out), x, w, 3, 1, 1, finput, fgrad_input)
+        assert fgrad_input.shape == (2, 27, 64)
+        assert (finput.data_ptr(), fgrad_input.data_ptr()) == ptrs
+    # A smaller problem shrinks the shape in place; the storage stays.
+    thnn.conv2d_forward(x[:1], w, 3, b, 2, 0, finput)
+    assert finput.shape == (1, 27, 9) and finput.data_ptr() == ptrs[0]
+
+
+def test_too_small_buffers_are_resized_in_place() -> None:
+    x, w, b = setup_case(2, 3, 4, (8, 8), (3, 3))
+    finput, fgrad_input = torch.empty(0, dtype=x.dtype), torch.empty(7, dtype=x.dtype)
+    out, cols = thnn.conv2d_forward(x, w, 3, b, 1, 1, finput)
+    assert cols is finput and finput.shape == (2, 27, 64)
+    go = torch.randn_like(out)
+    gi, _, _ = thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, fgrad_input)
+    assert fgrad_input.shape == (2, 27, 64)
+    # fgrad_input now holds weightᵀ @ grad_output, the columns' gradient.
+    torch.testing.assert_close(fgrad_input, w.reshape(4, -1).t() @ go.reshape(2, 4, -1), **TOL)
+    torch.testing.assert_close(gi, torch.nn.functional.fold(fgrad_input, 8, 3, 1, 1, 1), **TOL)
+
+
+def test_finput_of_the_right_shape_is_trusted_like_thnn() -> None:
+    # THNN's contract: backward reads the columns the forward left in finput.
+    x, w, b = setup_case(2, 3, 4, (6, 6), (3, 3))
+    out, finput = thnn.conv2d_forward(x, w, 3, b, 1, 0)
+    go = torch.randn_like(out)
+    finput.mul_(2)
+    _, gw, _ = thnn.conv2d_backward(go, x, w, 3, 1, 0, finput, None, (False, True, False))
+    expected = aten._slow_conv2d_backward.output_mask(go, x, w, [3, 3], [1, 1], [0, 0],
+                                                      [False, True, False])[1]  # fmt: skip
+    torch.testing.assert_close(gw, 2 * expected, **TOL)
+
+
+def test_steady_state_backward_allocates_only_its_outputs() -> None:
+    x, w, b = setup_case(4, 8, 6, (16, 16), (3, 3), dtype=torch.float32)
+    out, finput = thnn.conv2d_forward(x, w, 3, b, 1, 1)
+    go, fgrad_input = torch.randn_like(out), torch.empty(0)
+    thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, fgrad_input)  # warm-up sizes the scratch
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        grads = thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, fgrad_input)
+    allocated = sum(e.self_cpu_memory_usage for e in prof.events() if e.self_cpu_memory_usage > 0)
+    assert allocated == sum(g.numel() * g.element_size() for g in grads)
+
+
+class _OpLog(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+def test_uses_no_native_convolution_op() -> None:
+    x, w, b = setup_case(2, 3, 4, (6, 6), (3, 3))
+    with _OpLog() as log:
+        out, finput = thnn.conv2d_forward(x, w, 3, b, 1, 1)
+        thnn.conv2d_backward(torch.ones_like(out), x, w, 3, 1, 1, finput, None)
+    assert "aten.bmm.out" in log.ops
+    assert not [op for op in log.ops if "conv" in op]
+
+
+# ------------------------------------------------------------------------------ bad input
+
+X, Wt, B = setup_case(2, 3, 4, (6, 6), (3, 3))
+GO = torch.zeros(2, 4, 6, 6, dtype=torch.float64)
+fwd, bwd = thnn.conv2d_forward, thnn.conv2d_backward
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "pattern"),
+    [
+        (lambda: fwd(X, Wt, 3, B, 1, 1, torch.empty(0)), TypeError, "finput has dtype"),
+        (lambda: fwd(X, Wt, 3, B, 1, 1, torch.empty(0, device="meta", dtype=X.dtype)),
+         ValueError, "finput is on meta"),
+        (lambda: fwd(X, Wt, 3, B, 1, 1, X.numpy()), TypeError, "finput must be a torch.Tensor"),
+        (lambda: fwd(X, Wt, 3, B, 1, 1, torch.empty(0, dtype=X.dtype, requires_grad=True)),
+         ValueError, "finput is a work buffer"),
+        (lambda: bwd(GO, X, Wt, 3, 1, 1, None, torch.empty(0)), TypeError, "fgrad_input has"),
+        (lambda: bwd(GO, X, Wt, 3, 1, 1, None, torch.empty(0, dtype=X.dtype, device="meta"),
+                     (False, True, True)), ValueError, "fgrad_input is on meta"),
+        (lambda: bwd(GO, X, Wt, 3, 1, 1, None, torch.empty(2, 36, 27, dtype=X.dtype).mT),
+         ValueError, "fgrad_input must be contiguous"),
+        (lambda: fwd(X, Wt, 2, B, 1, 1), ValueError, "kernel_size=.2, 2. does not match"),
+        (lambda: fwd(X, Wt.reshape(4, -1), 2, B, 1, 1), ValueError, "a 2-d weight must be"),
+        (lambda: fwd(X, Wt[:, :2], 3, B, 1, 1), ValueError, "input has 3 channels"),
+        (lambda: fwd(X, Wt, 3, B[:3], 1, 1), ValueError, "bias must have shape"),
+        (lambda: fwd(X[0], Wt, 3, B, 1, 1), ValueError, "input must be .N, C_in, H, W."),
+        (lambda: fwd(X, Wt, 3, B, 0, 1), ValueError, "stride must be positive"),
+        (lambda: fwd(X, Wt, 3, B, 1, -1), ValueError, "padding must be non-negative"),
+        (lambda: fwd(X, Wt, 7, B, 1, 0), ValueError, "kernel_size=.7, 7. does not match"),
+        (lambda: fwd(X, torch.zeros(4, 3, 9, 9, dtype=X.dtype), 9, B, 1, 1), ValueError,
+         "kernel extent"),
+        (lambda: fwd(X.float(), Wt, 3, B, 1, 1), TypeError, "weight has dtype"),
+        (lambda: bwd(GO[:, :3], X, Wt, 3, 1, 1, None, None), ValueError, "grad_output must"),
+        (lambda: bwd(GO, X, Wt, 3, 1, 1, None, None, (True, True)), ValueError, "output_mask"),
+    ],
+)  # fmt: skip
+def test_bad_input_is_named(call, error, pattern) -> None:
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+def test_channels_last_and_non_contiguous_tensors() -> None:
+    x, w, b = setup_case(2, 3, 4, (7, 6), (3, 3))
+    xs, ws = x.to(memory_format=torch.channels_last), w.to(memory_format=torch.channels_last)
+    out, finput = thnn.conv2d_forward(xs, ws, 3, b, 2, 1)
+    torch.testing.assert_close(out, aten._slow_conv2d_forward(x, w, [3, 3], b, [2, 2], [1, 1]))
+    go = torch.randn(2, 4, 3, 4, dtype=x.dtype).transpose(2, 3)  # [2, 4, 4, 3], not contiguous
+    expected = aten._slow_conv2d_backward.output_mask(go.contiguous(), x, w, [3, 3], [2, 2],
+                                                      [1, 1], [True] * 3)  # fmt: skip
+    for a, e in zip(thnn.conv2d_backward(go, xs, ws, 3, 2, 1, finput, None), expected, strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+def test_inputs_that_require_grad_build_no_graph() -> None:
+    x, w, b = (t.requires_grad_() for t in setup_case(2, 3, 4, (6, 6), (3, 3)))
+    finput, fgrad_input = torch.empty(0, dtype=x.dtype), torch.empty(0, dtype=x.dtype)
+    for _ in range(2):  # the buffers stay plain work buffers, reusable on the next call
+        out, _ = thnn.conv2d_forward(x, w, 3, b, 1, 1, finput)
+        grads = thnn.conv2d_backward(torch.ones_like(out), x, w, 3, 1, 1, finput, fgrad_input)
+    assert not out.requires_grad and not any(g.requires_grad for g in grads)
+    assert not finput.requires_grad and not fgrad_input.requires_grad
+
+
+def test_backward_checks_buffers_before_any_work() -> None:
+    x, w, _ = setup_case(2, 3, 4, (6, 6), (3, 3))
+    go = torch.ones(2, 4, 6, 6, dtype=x.dtype)
+    fgrad_input = torch.full((2, 27, 36), 7.0, dtype=x.dtype)
+    bad_finput = torch.empty(2, 36, 27, dtype=x.dtype).mT  # right shape, not contiguous
+    for finput, error in [(bad_finput, ValueError), ("columns", TypeError)]:
+        with pytest.raises(error, match="finput"):
+            thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, fgrad_input)
+    assert (fgrad_input == 7).all(), "fgrad_input was written before finput was refused"

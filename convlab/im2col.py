@@ -6,13 +6,15 @@ pairs, ``L = prod(out_size)``. With the whole batch in one matrix, a convolution
 grad_input and grad_weight are each a single batched GEMM over the groups.
 
 ``im2col`` is a chain of views (pad, one ``unfold`` per spatial dimension, a strided slice
-for dilation) followed by one copy. ``col2im`` is its adjoint, undone step by step in
-reverse order (``unfold_backward`` is the adjoint of ``unfold``), so overlapping windows
-are summed without any Python loop over kernel offsets.
+for dilation) followed by one copy. ``col2im`` is its adjoint: one strided slice-add per
+kernel offset into a zero-padded input, so overlapping windows are summed. (Undoing the
+views with ``unfold_backward``, the adjoint of ``unfold``, avoids that Python loop but is
+4-5x slower on CPU: its kernel is a scalar loop with integer divisions per element.)
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 
@@ -96,29 +98,18 @@ def col2im(
             [2., 4., 2.],
             [1., 2., 1.]])
     """
-    dim = len(kernel)
     n, c = input_shape[:2]
     spatial = list(input_shape[2:])
     padded = [s + 2 * p for s, p in zip(spatial, padding, strict=True)]
-    extent = _extent(kernel, dilation)
-    # [G, Cg*K, N*L] -> [C, *k, N, *O] -> [N, C, *O, *k] (a view).
     g = cols.reshape(c, *kernel, n, *out_size)
-    g = g.permute([1 + dim, 0, *range(2 + dim, 2 + 2 * dim), *range(1, 1 + dim)])
-    if any(d > 1 for d in dilation):
-        # Adjoint of the strided slice: put the values back between zeros.
-        full = g.new_zeros(*g.shape[: 2 + dim], *extent)
-        full[(..., *(slice(None, None, d) for d in dilation))] = g
-        g = full
-    # Undo the unfolds last to first. Before unfold i, dims < i were already windowed
-    # (sizes out_size, with their window dims at the end) and dims >= i were padded sizes.
-    for i in reversed(range(dim)):
-        windows = (padded[i] - extent[i]) // stride[i] + 1
-        if windows > out_size[i]:  # adjoint of the narrow in _windows
-            pad = [0, 0] * (g.dim() - 3 - i) + [0, windows - out_size[i]]
-            g = F.pad(g, pad)
-        before = [n, c, *out_size[:i], *padded[i:], *extent[:i]]
-        g = torch.ops.aten.unfold_backward(g, before, 2 + i, extent[i], stride[i])
+    out = cols.new_zeros(n, c, *padded)
+    # One strided slice-add per kernel offset: the rows of that offset go back to the input
+    # positions they were copied from (stride apart, shifted by offset * dilation).
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        window = [slice(o * d, o * d + (size - 1) * st + 1, st)
+                  for o, d, size, st in zip(offset, dilation, out_size, stride, strict=True)]
+        out.transpose(0, 1)[(slice(None), slice(None), *window)] += g[(slice(None), *offset)]
     for i, (p, s) in enumerate(zip(padding, spatial, strict=True)):
         if p:
-            g = g.narrow(2 + i, p, s)
-    return g.contiguous()
+            out = out.narrow(2 + i, p, s)
+    return out.contiguous()

@@ -13,6 +13,9 @@ weight as ``W`` ``[G, K/G, C/G*k]`` and the output as ``Y`` ``[G, K/G, N*L]``:
 * grad_input: ``col2im(W^T @ dY)``;
 * grad_weight: ``dY @ X^T`` (sums over the batch and the positions at once).
 
+The batch goes through these GEMMs in chunks of samples whose columns fit in
+``CHUNK_BYTES`` (grad_weight adds up the chunks' products), which keeps large batches fast.
+
 With stride 1, grad_input is also a plain convolution (of the padded ``dY`` with the
 flipped kernel); that gather form replaces the GEMM + col2im scatter when it is not larger.
 
@@ -68,35 +71,86 @@ def _weight_matrix(w: torch.Tensor, groups: int) -> torch.Tensor:
     return w.reshape(groups, w.shape[0] // groups, -1)
 
 
+# Columns of a whole batch can be large (8 x 64*9 x 56*56 floats = 58 MB), so the GEMMs run
+# over chunks of samples whose columns stay under CHUNK_BYTES, as ATen's slow path does per
+# sample. Why 8 MB: glibc serves blocks over 32 MB (its largest mmap threshold) with fresh
+# pages on every call (page faults + zeroing, ~15 ms for 58 MB) where a smaller block is
+# reused from the heap, and a chunk stays in cache between its im2col and its GEMM, while
+# the GEMMs stay large (2-16 MB measured about equally fast on CPU, 32 MB slower).
+CHUNK_BYTES = 8 * 2**20
+
+
+def _chunks(n: int, rows: int, positions: int, dtype: torch.dtype) -> list[slice]:
+    """As few batch slices as possible, of about equal size (at least one sample each), whose
+    columns ``[rows, n * positions]`` take at most ``CHUNK_BYTES``; one for an empty batch."""
+    most = max(1, CHUNK_BYTES // max(1, rows * positions * dtype.itemsize))
+    step = max(1, math.ceil(n / max(1, math.ceil(n / most))))
+    return [slice(i, i + step) for i in range(0, max(n, 1), step)]
+
+
+def _column_gemms(
+    x: torch.Tensor, kernel: Sequence[int], out_size: Sequence[int], p: ConvParams,
+    w: torch.Tensor | None = None, gy: torch.Tensor | None = None,
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """The GEMMs that read the columns ``X = im2col(x)``, made chunk by chunk: the forward
+    ``W @ X`` ``[N, K, *out_size]`` if ``w`` is given, the weight gradient ``dY @ X^T``
+    ``[G, K/G, C/G*k]`` if ``gy`` ``[N, K, *out_size]`` is given (else None)."""
+    rows, positions = x.shape[1] * math.prod(kernel), math.prod(out_size)
+    w_mat = None if w is None else _weight_matrix(w, p.groups)  # once: it may be a copy
+    ys, gw = [], None
+    for s in _chunks(x.shape[0], rows, positions, x.dtype):
+        cols = im2col(x[s], kernel, out_size, p.stride, p.padding, p.dilation, p.groups)
+        if w is not None:
+            y = torch.matmul(w_mat, cols)  # [G, K/G, n*L]
+            ys.append(y.reshape(w.shape[0], -1, *out_size).transpose(0, 1))
+        if gy is not None:  # X @ dY^T = (dY @ X^T)^T: MKL is faster with X on the left
+            term = torch.matmul(cols, _as_matrices(gy[s], p.groups).transpose(1, 2))
+            gw = term if gw is None else gw + term
+        del cols  # free it before the next chunk's im2col, so that its memory is reused
+    y = torch.cat(ys) if w is not None else None  # cat: one copy to [N, K, *O]
+    return y, (gw.transpose(1, 2) if gw is not None else None)
+
+
 def _forward(
     x: torch.Tensor, w: torch.Tensor, out_size: Sequence[int], p: ConvParams
 ) -> torch.Tensor:
     """Normal convolution ``[N, C, *S] -> [N, K, *out_size]``; ``out_size`` may be smaller
     than the full output (then only the first positions are computed)."""
-    n, k = x.shape[0], w.shape[0]
-    cols = im2col(x, w.shape[2:], out_size, p.stride, p.padding, p.dilation, p.groups)
-    y = torch.matmul(_weight_matrix(w, p.groups), cols)  # [G, K/G, N*L]
-    return y.reshape(k, n, *out_size).transpose(0, 1).contiguous()
+    y, _ = _column_gemms(x, w.shape[2:], out_size, p, w=w)
+    assert y is not None
+    return y
+
+
+def _grad_weight(
+    gy: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], p: ConvParams
+) -> torch.Tensor:
+    """Weight gradient ``[K, C/G, *k]`` of a normal conv for ``gy`` ``[N, K, *O]``."""
+    _, gw = _column_gemms(x, weight_shape[2:], gy.shape[2:], p, gy=gy)
+    assert gw is not None
+    return gw.reshape(weight_shape)
 
 
 def _grad_input(
-    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams,
-    gy_mat: torch.Tensor | None = None,
+    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams
 ) -> torch.Tensor:
     """Input gradient ``[N, C, *S]`` of a normal conv for ``gy`` ``[N, K, *O]``.
 
-    ``O`` may be smaller than the full output size. ``gy_mat`` is ``_as_matrices(gy)`` when
-    the caller already has it.
+    ``O`` may be smaller than the full output size.
     """
     kernel, out_size = w.shape[2:], gy.shape[2:]
     # The gather form unfolds gy (C_out rows per kernel offset), the scatter form writes
     # C_in rows per offset and then sums them: take the gather unless it has more rows.
     if all(s == 1 for s in p.stride) and w.shape[0] <= input_shape[1]:
         return _grad_input_unit_stride(gy, w, input_shape, p)
-    if gy_mat is None:
-        gy_mat = _as_matrices(gy, p.groups)
-    gcols = torch.matmul(_weight_matrix(w, p.groups).transpose(1, 2), gy_mat)
-    return col2im(gcols, input_shape, kernel, out_size, p.stride, p.padding, p.dilation)
+    w_t = _weight_matrix(w, p.groups).transpose(1, 2)
+    parts = []
+    for s in _chunks(gy.shape[0], input_shape[1] * math.prod(kernel), math.prod(out_size),
+                     gy.dtype):
+        chunk = gy[s]
+        gcols = torch.matmul(w_t, _as_matrices(chunk, p.groups))
+        shape = (chunk.shape[0], *input_shape[1:])
+        parts.append(col2im(gcols, shape, kernel, out_size, p.stride, p.padding, p.dilation))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]  # col2im's are contiguous
 
 
 def _grad_input_unit_stride(
@@ -117,15 +171,6 @@ def _grad_input_unit_stride(
            .reshape(g * c_in_g, c_out // g, *kernel).flip(list(range(2, 2 + dim))))
     unit = ConvParams.create(dim, 1, 0, p.dilation, False, 0, g)
     return _forward(gy, w_t, size, unit)
-
-
-def _grad_weight(
-    gy_mat: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], out_size: Sequence[int],
-    p: ConvParams,
-) -> torch.Tensor:
-    """Weight gradient ``[K, C/G, *k]`` of a normal conv from ``gy_mat`` ``[G, K/G, N*L]``."""
-    cols = im2col(x, weight_shape[2:], out_size, p.stride, p.padding, p.dilation, p.groups)
-    return torch.matmul(gy_mat, cols.transpose(1, 2)).reshape(weight_shape)
 
 
 def _bias_view(bias: torch.Tensor, dim: int) -> torch.Tensor:
@@ -211,23 +256,19 @@ def convolution_backward(
     _check_bias_sizes(bias_sizes, out_channels)
 
     grad_input = grad_weight = grad_bias = None
-    if mask[0] or mask[1]:
-        if p.transposed:
-            # Normal-conv roles: "input" is grad_output (x-space), "grad_output" is input.
-            small = input.shape[2:]
-            if mask[0]:
-                grad_input = _forward(grad_output, weight, small, p)
-            if mask[1]:
-                gy_mat = _as_matrices(input, p.groups)
-                grad_weight = _grad_weight(gy_mat, grad_output, weight.shape, small, p)
-        else:
-            out_size = grad_output.shape[2:]
-            gy_mat = _as_matrices(grad_output, p.groups) if mask[1] else None
-            if mask[0]:
-                grad_input = _grad_input(grad_output, weight, input.shape, p, gy_mat)
-            if mask[1]:
-                assert gy_mat is not None
-                grad_weight = _grad_weight(gy_mat, input, weight.shape, out_size, p)
+    if p.transposed and (mask[0] or mask[1]):
+        # Normal-conv roles: "input" is grad_output (x-space), "grad_output" is input. Both
+        # gradients read the columns of grad_output: one pass makes them once.
+        grad_input, grad_weight = _column_gemms(
+            grad_output, weight.shape[2:], input.shape[2:], p,
+            w=weight if mask[0] else None, gy=input if mask[1] else None)
+        if grad_weight is not None:
+            grad_weight = grad_weight.reshape(weight.shape)
+    else:
+        if mask[0]:
+            grad_input = _grad_input(grad_output, weight, input.shape, p)
+        if mask[1]:
+            grad_weight = _grad_weight(grad_output, input, weight.shape, p)
     if mask[2]:
         grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
     return grad_input, grad_weight, grad_bias

@@ -7,6 +7,7 @@ configurations; the low-precision dtypes get a looser bound with its reason next
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 
 import pytest
@@ -250,6 +251,49 @@ def test_autograd_of_forward_matches_backward() -> None:
                                           *case.args(), [True] * 3)
     for a, o in zip(auto, ours, strict=True):
         torch.testing.assert_close(a, o, **TIGHT)
+
+
+# --- the batch processed in chunks (reference.CHUNK_BYTES) ---------------------------------
+
+def test_chunks_cover_the_batch_in_equal_bounded_slices(monkeypatch) -> None:
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 100)
+    for n in (0, 1, 5, 7, 32):
+        for per_sample in (1, 30, 40, 100, 1000):  # bytes of one sample's columns
+            slices = reference._chunks(n, per_sample, 1, torch.uint8)
+            covered = [i for s in slices for i in range(n)[s]]
+            assert covered == list(range(n))
+            most = max(1, 100 // per_sample)  # samples whose columns fit in CHUNK_BYTES
+            assert len(slices) == max(1, math.ceil(n / most))  # as few chunks as possible
+            assert all(len(range(n)[s]) <= most for s in slices)
+
+
+CHUNKED = [  # batches of 5 so that the chunks (1 to 3 samples) leave a remainder
+    Case(5, 4, 6, (11,), (3,), stride=2, padding=1, dilation=2, groups=2),  # 1-d, scatter
+    Case(5, 4, 4, (7, 6), (3, 2), padding=1),  # stride 1: grad_input is the gather form
+    Case(5, 4, 6, (9, 8), (3, 3), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
+    Case(5, 4, 6, (5, 4), (3, 2), stride=(2, 3), padding=(1, 0), dilation=(1, 2), groups=2,
+         transposed=True, output_padding=(1, 2)),
+    Case(5, 2, 3, (5, 4, 6), (2, 3, 2), stride=(1, 2, 2), padding=(1, 0, 1), dilation=(2, 1, 1)),
+]
+
+
+# From one sample per chunk to chunks of 2 or 3 samples plus a remainder, depending on the case.
+@pytest.mark.parametrize("chunk_bytes", [1, 1_500, 10_000, 20_000, 30_000])
+@pytest.mark.parametrize("case", CHUNKED, ids=["1d", "2d-gather", "2d", "2d-transposed", "3d"])
+def test_chunked_batch_matches_aten(case: Case, chunk_bytes: int, monkeypatch) -> None:
+    monkeypatch.setattr(reference, "CHUNK_BYTES", chunk_bytes)
+    run_both(case)
+
+
+def test_chunked_forward_is_differentiable(monkeypatch) -> None:
+    monkeypatch.setattr(reference, "CHUNK_BYTES", 1)
+    for case in (Case(3, 2, 2, (5, 4), (2, 2), stride=(2, 1), padding=1),
+                 Case(3, 2, 2, (3, 3), (2, 2), stride=2, padding=1, transposed=True,
+                      output_padding=1)):
+        x, w, b = case.tensors()
+        inputs = [t.requires_grad_() for t in (x, w, b)]
+        assert torch.autograd.gradcheck(
+            lambda *ts, case=case: reference.convolution(*ts, *case.args()), inputs)
 
 
 class OpRecorder(TorchDispatchMode):

@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from convlab import reference
-from convlab.params import ConvParams, IntOrSeq, check_tensor, normalize
+from convlab.params import ConvParams, IntOrSeq, check_output_mask, check_tensor, normalize
 
 __all__ = [
     "Convolution",
@@ -63,8 +63,7 @@ def _check_backward_args(
     bias_shape = None if bias_sizes is None or list(bias_sizes) == [0] else tuple(bias_sizes)
     p.check_shapes(tuple(input.shape), tuple(weight.shape), bias_shape)
     p.check_grad_output(grad_output, input, weight)
-    if len(output_mask) != 3 or not all(isinstance(m, bool) for m in output_mask):
-        raise ValueError(f"output_mask must be 3 bools, got {list(output_mask)!r}")
+    check_output_mask(output_mask)
 
 
 def _keep(grads: Sequence[Tensor | None], mask: Sequence[bool]) -> Grads:

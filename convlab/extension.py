@@ -28,7 +28,15 @@ from pathlib import Path
 
 import torch
 
-from convlab.params import ConvParams, IntOrSeq, check_same, check_tensor, normalize
+from convlab.params import (
+    ConvParams,
+    IntOrSeq,
+    check_bias_sizes,
+    check_output_mask,
+    check_same,
+    check_tensor,
+    normalize,
+)
 
 NAME = "convlab_ext"
 SOURCE = Path(__file__).resolve().parent / "csrc" / "convlab_ext.cpp"
@@ -82,9 +90,9 @@ class NativeExtension:
             input, weight, None, stride, padding, dilation, transposed, output_padding, groups
         )
         p.check_grad_output(grad_output, input, weight)
-        mask = _check_mask(output_mask)
+        mask = check_output_mask(output_mask)
         out_channels = p.output_shape(tuple(input.shape), tuple(weight.shape))[1]
-        sizes = _check_bias_sizes(bias_sizes, out_channels)
+        sizes = check_bias_sizes(bias_sizes, out_channels)
         if mask[2]:
             sizes = [out_channels]
         return self.ops.convolution_backward(
@@ -246,30 +254,4 @@ def _build(verbose: bool) -> NativeExtension:
     return NativeExtension(str(library))
 
 
-def _check_mask(output_mask: Sequence[bool]) -> list[bool]:
-    if isinstance(output_mask, torch.Tensor):
-        output_mask = output_mask.tolist()
-    if (
-        isinstance(output_mask, str | bytes)
-        or not isinstance(output_mask, Sequence)
-        or len(output_mask) != 3
-        or not all(isinstance(m, bool) for m in output_mask)
-    ):
-        raise TypeError(f"output_mask must be a sequence of 3 bools, got {output_mask!r}")
-    return list(output_mask)
 
-
-def _check_bias_sizes(bias_sizes: Sequence[int] | None, out_channels: int) -> list[int] | None:
-    if bias_sizes is None:
-        return None
-    if isinstance(bias_sizes, str | bytes) or not isinstance(bias_sizes, Sequence) or not all(
-        isinstance(s, int) and not isinstance(s, bool) for s in bias_sizes
-    ):
-        raise TypeError(f"bias_sizes must be None or a sequence of ints, got {bias_sizes!r}")
-    sizes = list(bias_sizes)
-    if sizes not in ([out_channels], [0]):
-        raise ValueError(
-            f"bias_sizes must be None, [{out_channels}] (out_channels) or [0] (no bias), "
-            f"got {sizes}"
-        )
-    return sizes

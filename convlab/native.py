@@ -20,7 +20,14 @@ from dataclasses import dataclass
 
 import torch
 
-from convlab.params import ConvParams, IntOrSeq, check_same, check_tensor, normalize
+from convlab.params import (
+    ConvParams,
+    IntOrSeq,
+    check_output_mask,
+    check_same,
+    check_tensor,
+    normalize,
+)
 
 # ATen's ``enum class ConvBackend`` (aten/src/ATen/native/ConvUtils.h), in declaration order,
 # so that index == enum value. The Python binding ``torch._C._ConvBackend`` cannot be trusted
@@ -312,13 +319,6 @@ def use_backend(
         _set_flags(saved)
 
 
-def _check_mask(output_mask: Sequence[bool]) -> tuple[bool, bool, bool]:
-    if isinstance(output_mask, str | bytes) or not isinstance(output_mask, Sequence):
-        raise TypeError(f"output_mask must be a sequence of 3 bools, got {output_mask!r}")
-    mask = tuple(output_mask)
-    if len(mask) != 3 or not all(isinstance(m, bool) for m in mask):
-        raise ValueError(f"output_mask must be 3 bools [input, weight, bias], got {output_mask!r}")
-    return mask  # type: ignore[return-value]
 
 
 def convolution_backward(
@@ -356,7 +356,7 @@ def convolution_backward(
         input, weight, None, stride, padding, dilation, transposed, output_padding, groups
     )
     p.check_grad_output(grad_output, input, weight)
-    mask = _check_mask(output_mask)
+    mask = check_output_mask(output_mask)
     out_channels = p.output_shape(tuple(input.shape), tuple(weight.shape))[1]
     if bias_sizes is not None:
         sizes = list(normalize(bias_sizes, 1, "bias_sizes")) if bias_sizes else []
@@ -450,7 +450,7 @@ def slow_conv2d_backward(
     go, x, w = grad_output.contiguous(), input.contiguous(), weight.contiguous()
     stride_, padding_ = list(p.stride), list(p.padding)
     if out is None:
-        mask = _check_mask(output_mask)
+        mask = check_output_mask(output_mask)
         grads = torch.ops.aten._slow_conv2d_backward.output_mask(
             go, x, w, ks, stride_, padding_, list(mask)
         )

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from convlab.params import ConvParams, IntOrSeq, normalize
+from convlab.params import ConvParams, IntOrSeq, check_output_mask, normalize
 
 Mask = Sequence[bool]
 
@@ -77,11 +77,6 @@ def _check_grad_output(
         )
 
 
-def _check_mask(output_mask: Mask) -> tuple[bool, bool, bool]:
-    mask = tuple(output_mask)
-    if len(mask) != 3 or not all(isinstance(m, bool | np.bool_) for m in mask):
-        raise ValueError(f"output_mask must be 3 bools, got {output_mask!r}")
-    return bool(mask[0]), bool(mask[1]), bool(mask[2])
 
 
 def _pad(x: np.ndarray, padding: Sequence[int]) -> np.ndarray:
@@ -169,7 +164,7 @@ def convolution_backward_naive(
            [2., 4., 2.],
            [1., 2., 1.]])
     """
-    mask = _check_mask(output_mask)
+    mask = check_output_mask(output_mask)
     bias_shape = bias_sizes if mask[2] and bias_sizes is not None else None
     params = _params(input, weight, bias_shape, stride, padding, dilation, groups)
     _check_grad_output(grad_output, input, weight, params)
@@ -411,7 +406,7 @@ def convolution_backward(
     (array([[4., 4.],
            [4., 4.]]), array([4.]))
     """
-    mask = _check_mask(output_mask)
+    mask = check_output_mask(output_mask)
     bias_shape = bias_sizes if mask[2] and bias_sizes is not None else None
     params = _params(input, weight, bias_shape, stride, padding, dilation, groups)
     _check_grad_output(grad_output, input, weight, params)

@@ -18,6 +18,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 IntOrSeq = int | Sequence[int]
@@ -283,6 +284,46 @@ class ConvParams:
             return int(math.prod(input_shape) * per_input)
         out = self.output_shape(input_shape, weight_shape)
         return int(math.prod(out) * math.prod(weight_shape[1:]))
+
+
+def check_output_mask(output_mask: object) -> tuple[bool, bool, bool]:
+    """Validate ``output_mask`` (which of [grad_input, grad_weight, grad_bias] to compute).
+
+    A ``TypeError`` for a non-sequence or non-bool entries, a ``ValueError`` for a length
+    other than 3. Returns the mask as a tuple of Python bools.
+    """
+    if isinstance(output_mask, torch.Tensor):
+        output_mask = output_mask.tolist()
+    if isinstance(output_mask, str | bytes) or not isinstance(output_mask, Sequence):
+        raise TypeError(f"output_mask must be a sequence of 3 bools, got {output_mask!r}")
+    if len(output_mask) != 3:
+        raise ValueError(
+            f"output_mask must be 3 bools [input, weight, bias], got {list(output_mask)!r}"
+        )
+    if not all(isinstance(m, bool | np.bool_) for m in output_mask):  # numpy_ref takes np.bool_
+        raise TypeError(f"output_mask must contain bools, got {list(output_mask)!r}")
+    return bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2])
+
+
+def check_bias_sizes(bias_sizes: object, out_channels: int) -> list[int] | None:
+    """Validate ATen's ``bias_sizes``: None, ``[out_channels]`` or ``[0]`` (no bias).
+
+    Autograd passes ``[0]`` (the sizes of an undefined bias) when the forward had none.
+    Returns the sizes as a list, or None.
+    """
+    if bias_sizes is None:
+        return None
+    if isinstance(bias_sizes, str | bytes) or not isinstance(bias_sizes, Sequence):
+        raise TypeError(f"bias_sizes must be None or a sequence of ints, got {bias_sizes!r}")
+    sizes = list(bias_sizes)
+    if any(isinstance(s, bool) or not isinstance(s, int) for s in sizes):
+        raise TypeError(f"bias_sizes must contain ints, got {sizes}")
+    if sizes not in ([out_channels], [0]):
+        raise ValueError(
+            f"bias_sizes must be None, [{out_channels}] (out_channels) or [0] (no bias), "
+            f"got {sizes}"
+        )
+    return sizes
 
 
 def check_tensor(t: object, name: str) -> None:

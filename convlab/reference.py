@@ -36,7 +36,14 @@ import torch
 import torch.nn.functional as F
 
 from convlab.im2col import col2im, im2col
-from convlab.params import ConvParams, IntOrSeq, check_same, check_tensor
+from convlab.params import (
+    ConvParams,
+    IntOrSeq,
+    check_bias_sizes,
+    check_output_mask,
+    check_same,
+    check_tensor,
+)
 
 __all__ = [
     "convolution",
@@ -251,9 +258,9 @@ def convolution_backward(
         raise ValueError(
             f"output_padding={p.output_padding} is only supported for transposed convolutions"
         )
-    mask = _check_mask(output_mask)
+    mask = check_output_mask(output_mask)
     out_channels = grad_output.shape[1]
-    _check_bias_sizes(bias_sizes, out_channels)
+    check_bias_sizes(bias_sizes, out_channels)
 
     grad_input = grad_weight = grad_bias = None
     if p.transposed and (mask[0] or mask[1]):
@@ -318,7 +325,7 @@ def convolution_double_backward(
         p.check_grad_output(gO, input, weight)
     except (TypeError, ValueError) as e:
         raise type(e)(f"gO (the grad_output of the first backward): {e}") from None
-    _check_mask(output_mask)
+    check_output_mask(output_mask)
     if ggI is not None:
         _check_like(ggI, input, "ggI", "input")
     if ggW is not None:
@@ -408,32 +415,8 @@ def convolution_jvp(
 # Argument checks that ConvParams does not cover.
 
 
-def _check_mask(output_mask: object) -> tuple[bool, bool, bool]:
-    if isinstance(output_mask, (str, bytes)) or not isinstance(output_mask, Sequence):
-        raise TypeError(
-            f"output_mask must be a sequence of 3 bools, got {type(output_mask).__name__}"
-        )
-    if len(output_mask) != 3:
-        raise ValueError(f"output_mask must have 3 entries, got {len(output_mask)}")
-    for m in output_mask:
-        if not isinstance(m, bool):
-            raise TypeError(f"output_mask must contain bools, got {m!r} in {list(output_mask)}")
-    return output_mask[0], output_mask[1], output_mask[2]
 
 
-def _check_bias_sizes(bias_sizes: object, out_channels: int) -> None:
-    if bias_sizes is None:
-        return
-    if isinstance(bias_sizes, (str, bytes)) or not isinstance(bias_sizes, Sequence):
-        raise TypeError(f"bias_sizes must be None or a list of ints, got {bias_sizes!r}")
-    sizes = list(bias_sizes)
-    if any(isinstance(s, bool) or not isinstance(s, int) for s in sizes):
-        raise TypeError(f"bias_sizes must contain ints, got {sizes}")
-    if sizes not in ([out_channels], [0]):
-        raise ValueError(
-            f"bias_sizes must be None, [{out_channels}] (out_channels) or [0] (no bias), "
-            f"got {sizes}"
-        )
 
 
 def _check_like(t: object, ref: torch.Tensor, name: str, ref_name: str) -> None:

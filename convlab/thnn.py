@@ -23,7 +23,14 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from convlab.params import ConvParams, IntOrSeq, check_same, check_tensor, normalize
+from convlab.params import (
+    ConvParams,
+    IntOrSeq,
+    check_output_mask,
+    check_same,
+    check_tensor,
+    normalize,
+)
 
 
 def _weight_4d(weight: torch.Tensor, kernel: tuple[int, int], input: torch.Tensor) -> torch.Tensor:
@@ -249,9 +256,7 @@ def conv2d_backward(
     >>> gi.shape, gw.shape, gb.shape
     (torch.Size([2, 3, 8, 8]), torch.Size([4, 3, 3, 3]), torch.Size([4]))
     """
-    mask = tuple(output_mask)
-    if len(mask) != 3 or not all(isinstance(m, bool) for m in mask):
-        raise ValueError(f"output_mask must be 3 bools, got {output_mask!r}")
+    mask = check_output_mask(output_mask)
     params, w4, kernel = _validate(input, weight, kernel_size, None, stride, padding)
     params.check_grad_output(grad_output, input, w4)
     n, c_out = grad_output.shape[:2]

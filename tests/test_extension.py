@@ -207,8 +207,10 @@ def test_convolution_backward_rejects_bad_input(ext) -> None:
         ext.convolution_backward(go, x, w, *args[:-1], 2, mask)
     with pytest.raises(ValueError, match="grad_output must have the forward output's shape"):
         ext.convolution_backward(go[:, :, 1:], x, w, *args, mask)
-    with pytest.raises(TypeError, match="output_mask"):
+    with pytest.raises(ValueError, match="output_mask must be 3 bools"):
         ext.convolution_backward(go, x, w, *args, [True, True])
+    with pytest.raises(TypeError, match="output_mask must contain bools"):
+        ext.convolution_backward(go, x, w, *args, [1, 1, 1])
     with pytest.raises(ValueError, match="bias_sizes"):
         ext.convolution_backward(go, x, w, [7], *args[1:], mask)
     with pytest.raises(TypeError, match="input must have a floating-point dtype"):

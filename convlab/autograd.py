@@ -39,18 +39,6 @@ __all__ = [
 Grads = tuple[Tensor | None, Tensor | None, Tensor | None]
 
 
-def _hyper(p: ConvParams) -> tuple[list[int], list[int], list[int], bool, list[int], int]:
-    """``(stride, padding, dilation, transposed, output_padding, groups)`` as ATen takes them."""
-    return (
-        list(p.stride),
-        list(p.padding),
-        list(p.dilation),
-        p.transposed,
-        list(p.output_padding),
-        p.groups,
-    )
-
-
 def _check_backward_args(
     grad_output: Tensor,
     input: Tensor,
@@ -155,7 +143,7 @@ class Convolution(torch.autograd.Function):
         ctx.save_for_backward(input, weight)
         ctx.params = p
         ctx.bias_sizes = None if bias is None else list(bias.shape)
-        return reference.convolution(input, weight, bias, *_hyper(p))
+        return reference.convolution(input, weight, bias, *p.aten_args())
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
@@ -163,7 +151,7 @@ class Convolution(torch.autograd.Function):
         needs = ctx.needs_input_grad
         mask = [bool(needs[0]), bool(needs[1]), ctx.bias_sizes is not None and bool(needs[2])]
         grads = ConvolutionBackward.apply(
-            grad_output, input, weight, ctx.bias_sizes, *_hyper(ctx.params), mask
+            grad_output, input, weight, ctx.bias_sizes, *ctx.params.aten_args(), mask
         )
         return (*grads, None, None, None, None, None, None)
 
@@ -218,7 +206,7 @@ def _convolution_op(
         input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
     )
     # A custom op's output must be a fresh tensor with the strides the fake impl promises.
-    return reference.convolution(input, weight, bias, *_hyper(p)).contiguous()
+    return reference.convolution(input, weight, bias, *p.aten_args()).contiguous()
 
 
 @_convolution_op.register_fake
@@ -258,7 +246,7 @@ def _convolution_backward_op(
     )
     _check_backward_args(grad_output, input, weight, bias_sizes, p, output_mask)
     grads = reference.convolution_backward(
-        grad_output, input, weight, bias_sizes, *_hyper(p), output_mask
+        grad_output, input, weight, bias_sizes, *p.aten_args(), output_mask
     )
     empty = input.new_empty(0)
     return tuple(  # type: ignore[return-value]

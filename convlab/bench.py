@@ -44,17 +44,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import csv
-import ctypes
 import json
 import math
-import os
 import platform
 import re
 import statistics
 import sys
-import tempfile
 import time
-import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -65,6 +61,17 @@ from torch.utils.benchmark import Timer
 
 from convlab import native, numpy_ref, reference, thnn
 from convlab.params import ConvParams
+from convlab.profiling import (  # noqa: F401 - notebooks and tests use these as bench.*
+    OneDNNCall,
+    OpTime,
+    alloc_peak,
+    measure_memory,
+    onednn_trace,
+    profile_ops,
+    rss_peak,
+)
+
+_alloc_peak, _rss_peak = alloc_peak, rss_peak  # their names before convlab.profiling (tests)
 
 PATHS: tuple[str, ...] = ("native", "mkldnn", "slow", "cudnn", "thnn", "reference", "numpy_ref")
 NATIVE_PATHS: tuple[str, ...] = ("native", "mkldnn", "slow", "cudnn")
@@ -111,11 +118,11 @@ class Layer:
     name: str
     input_shape: tuple[int, ...]
     weight_shape: tuple[int, ...]
-    stride: int = 1
-    padding: int = 0
-    dilation: int = 1
+    stride: int | tuple[int, ...] = 1
+    padding: int | tuple[int, ...] = 0
+    dilation: int | tuple[int, ...] = 1
     transposed: bool = False
-    output_padding: int = 0
+    output_padding: int | tuple[int, ...] = 0
     groups: int = 1
     note: str = ""
 
@@ -142,11 +149,15 @@ class Layer:
     def dim(self) -> int:
         return len(self.weight_shape) - 2
 
+    @property
+    def thnn_ok(self) -> bool:
+        """True when THNN's conv2d serves this layer (2-d, no groups, dilation or transposition)."""
+        p = self.params
+        return p.dim == 2 and p.groups == 1 and not p.transposed and set(p.dilation) == {1}
+
     def args(self) -> tuple[list[int], list[int], list[int], bool, list[int], int]:
         """``(stride, padding, dilation, transposed, output_padding, groups)`` as ATen wants."""
-        p = self.params
-        return (list(p.stride), list(p.padding), list(p.dilation), p.transposed,
-                list(p.output_padding), p.groups)
+        return self.params.aten_args()
 
     def describe(self) -> str:
         """Short human description, e.g. ``x[8,64,56,56] w[64,64,3,3] p1``."""
@@ -273,37 +284,18 @@ def _flops(layer: Layer, pass_: str) -> int:
     return (4 if pass_ == "backward" else 2) * layer.macs
 
 
-def _native_fns(
-    layer: Layer, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, go: torch.Tensor
+def _aten_fns(
+    forward: Callable[..., object],
+    backward: Callable[..., object],
+    layer: Layer, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, go: torch.Tensor,
 ) -> dict[str, Callable[[], object]]:
+    """Closures per pass for a ``convolution``/``convolution_backward`` pair with ATen's
+    signatures (``torch.ops.aten`` itself, or :mod:`convlab.reference`)."""
     args = layer.args()
     bias_sizes = [b.shape[0]]
-    fns: dict[str, Callable[[], object]] = {
-        "forward": lambda: torch.ops.aten.convolution.default(x, w, b, *args),
-    }
+    fns: dict[str, Callable[[], object]] = {"forward": lambda: forward(x, w, b, *args)}
     for pass_, mask in MASKS.items():
-        fns[pass_] = (
-            lambda mask=mask: torch.ops.aten.convolution_backward.default(
-                go, x, w, bias_sizes, *args, list(mask)
-            )
-        )
-    return fns
-
-
-def _reference_fns(
-    layer: Layer, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, go: torch.Tensor
-) -> dict[str, Callable[[], object]]:
-    args = layer.args()
-    bias_sizes = [b.shape[0]]
-    fns: dict[str, Callable[[], object]] = {
-        "forward": lambda: reference.convolution(x, w, b, *args),
-    }
-    for pass_, mask in MASKS.items():
-        fns[pass_] = (
-            lambda mask=mask: reference.convolution_backward(
-                go, x, w, bias_sizes, *args, list(mask)
-            )
-        )
+        fns[pass_] = lambda mask=mask: backward(go, x, w, bias_sizes, *args, list(mask))
     return fns
 
 
@@ -352,10 +344,8 @@ def _why_not(path: str, layer: Layer, device: torch.device) -> str | None:
     """Why ``path`` does not apply to ``layer`` on ``device`` (None if it may)."""
     if path in ("mkldnn", "slow", "cudnn") and path not in native.available_backends(device):
         return f"not available on {device.type} in this build"
-    if path == "thnn":
-        p = layer.params
-        if layer.dim != 2 or p.groups != 1 or p.transposed or any(d != 1 for d in p.dilation):
-            return "THNN's conv2d is 2-d only, without groups, dilation or transposition"
+    if path == "thnn" and not layer.thnn_ok:
+        return "THNN's conv2d is 2-d only, without groups, dilation or transposition"
     if path == "numpy_ref":
         if device.type != "cpu":
             return "NumPy runs on the CPU only (no device round-trips)"
@@ -393,11 +383,15 @@ def _tasks(
             except ValueError as err:
                 skipped.append(Skip(layer.name, path, str(err)))
                 continue
-            fns = _native_fns(layer, x, w, b, go)
+            fns = _aten_fns(torch.ops.aten.convolution.default,
+                            torch.ops.aten.convolution_backward.default, layer, x, w, b, go)
+        elif path == "reference":
+            backend = "-"
+            fns = _aten_fns(reference.convolution, reference.convolution_backward,
+                            layer, x, w, b, go)
         else:
             backend = "-"
-            make = {"thnn": _thnn_fns, "reference": _reference_fns, "numpy_ref": _numpy_fns}
-            fns = make[path](layer, x, w, b, go)
+            fns = {"thnn": _thnn_fns, "numpy_ref": _numpy_fns}[path](layer, x, w, b, go)
         tasks += [_Task(layer, path, ps, fns[ps], backend, force) for ps in passes]
     return tasks
 
@@ -414,124 +408,21 @@ def _gemm_fn(flops: int, device: torch.device, dtype: torch.dtype) -> tuple[Call
 # ------------------------------------------------------------------------------ measuring
 
 
-@contextlib.contextmanager
-def _redirect_fd(fd: int, target: str = os.devnull) -> Iterator[None]:
-    """Send what C code writes to file descriptor ``fd`` to ``target`` inside the block.
-
-    torch.profiler's kineto and oneDNN's verbose mode print from C, past ``sys.stdout``.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved = os.dup(fd)
-    try:
-        with open(target, "wb") as sink:
-            os.dup2(sink.fileno(), fd)
-            try:
-                yield
-            finally:
-                _flush_c_streams()
-                os.dup2(saved, fd)
-    finally:
-        os.close(saved)
-
-
-def _flush_c_streams() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).fflush(None)
-
-
-def _time(task: _Task, threads: int, min_run_time: float) -> float:
-    """Median seconds per call of one blocked_autorange."""
-    timer = Timer(stmt="fn()", globals={"fn": task.fn}, num_threads=threads)
+def _time(fn: Callable[[], object], task: _Task | None, threads: int,
+          min_run_time: float) -> float:
+    """Median seconds per call of one blocked_autorange (under ``task``'s forced backend)."""
+    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
     with _forced(task):
         return timer.blocked_autorange(min_run_time=min_run_time).median
 
 
 @contextlib.contextmanager
-def _forced(task: _Task) -> Iterator[None]:
-    if task.force is None:
+def _forced(task: _Task | None) -> Iterator[None]:
+    if task is None or task.force is None:
         yield
         return
     with native.use_backend(task.force):
         yield
-
-
-def _alloc_peak(fn: Callable[[], object], device: torch.device) -> float:
-    """Peak bytes allocated by one call of ``fn`` above the start (see the module docstring)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-        start = torch.cuda.memory_allocated(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        out = fn()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_allocated(device) - start
-        del out
-        return float(max(peak, 0))
-    from torch.profiler import ProfilerActivity, profile
-
-    with _redirect_fd(2), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        tracemalloc.start()
-        out = fn()
-        _, py_peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        del out
-    try:
-        tree = prof.profiler.kineto_results.experimental_event_tree()
-    except AttributeError:  # the (experimental) event tree moved: report unknown
-        return math.nan
-    events: list[tuple[int, int]] = []
-    stack = list(tree)
-    while stack:
-        node = stack.pop()
-        size = getattr(node.extra_fields, "alloc_size", None)
-        if size is not None:
-            events.append((node.start_time_ns, size))
-        stack.extend(node.children)
-    live = peak = 0
-    for _, size in sorted(events):
-        live += size
-        peak = max(peak, live)
-    return float(peak + py_peak)
-
-
-def measure_memory(
-    fn: Callable[[], object], device: str | torch.device = "cpu"
-) -> tuple[float, float]:
-    """``(alloc_bytes, rss_bytes)`` extra memory of one call of ``fn`` (module docstring).
-
-    >>> alloc, rss = measure_memory(lambda: torch.empty(2**20))   # doctest: +SKIP
-    >>> alloc / 2**20                                              # doctest: +SKIP
-    4.0
-    """
-    device = torch.device(device)
-    return _alloc_peak(fn, device), _rss_peak(fn, device)
-
-
-def _status_bytes(key: str) -> int:
-    with open("/proc/self/status") as f:
-        match = re.search(rf"^{key}:\s+(\d+) kB", f.read(), re.M)
-    if match is None:
-        raise OSError(f"{key} not in /proc/self/status")
-    return int(match.group(1)) * 1024
-
-
-def _rss_peak(fn: Callable[[], object], device: torch.device) -> float:
-    """Rise of the resident-set high-water mark during one call (Linux CPU only, else NaN)."""
-    if device.type != "cpu" or not sys.platform.startswith("linux"):
-        return math.nan
-    try:
-        with contextlib.suppress(OSError, AttributeError):
-            ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap pages back first
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS
-        start = _status_bytes("VmRSS")
-        out = fn()
-        peak = _status_bytes("VmHWM")
-        del out
-    except OSError:
-        return math.nan
-    return float(max(peak - start, 0))
 
 
 # ---------------------------------------------------------------------------------- running
@@ -702,7 +593,7 @@ def _bench_layer(
     ]
     jobs += [(f"gemm:{f}", fn, None) for f, (fn, _) in gemms.items()]
     for _, fn, task in jobs:  # warm-up: caches, oneDNN primitives, lazy inits
-        with _forced(task) if task is not None else contextlib.nullcontext():
+        with _forced(task):
             fn()
         _settle(task)
     times: dict[str, list[float]] = {name: [] for name, _, _ in jobs}
@@ -711,11 +602,7 @@ def _bench_layer(
         for i, (name, fn, task) in enumerate(order, 1):
             if progress is not None:
                 progress(f"{tag} | round {r + 1}/{rounds} {i}/{len(jobs)} {name}")
-            if task is None:
-                timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-                times[name].append(timer.blocked_autorange(min_run_time=min_run_time).median)
-            else:
-                times[name].append(_time(task, threads, min_run_time))
+            times[name].append(_time(fn, task, threads, min_run_time))
             _settle(task)
     gemm_rate = {f: g_flops / min(times[f"gemm:{f}"]) / 1e9 for f, (_, g_flops) in gemms.items()}
     results = []
@@ -736,8 +623,8 @@ def _bench_layer(
             if progress is not None:
                 progress(f"{tag} | memory {task.path}:{task.pass_}")
             with _forced(task):
-                res.mem_alloc_mb = _alloc_peak(task.fn, device) / MB
-                res.mem_rss_mb = _rss_peak(task.fn, device) / MB
+                res.mem_alloc_mb = alloc_peak(task.fn, device) / MB
+                res.mem_rss_mb = rss_peak(task.fn, device) / MB
             _settle(task)
         results.append(res)
     return results
@@ -881,78 +768,6 @@ def read_csv(path: str | Path) -> list[dict[str, str]]:
 
 
 # ----------------------------------------------------------------------- profiling helpers
-
-
-@dataclass
-class OpTime:
-    """One row of a profiler op breakdown."""
-
-    name: str
-    calls: int
-    self_ms: float
-    share: float  # of the summed self time
-
-
-def profile_ops(fn: Callable[[], object], top: int = 8, repeat: int = 3) -> list[OpTime]:
-    """The ``torch.profiler`` op breakdown (self CPU time per call of ``fn``), largest first.
-
-    ``fn`` runs once to warm up, then ``repeat`` times under the profiler; times and call
-    counts are per call. Kineto's own log lines are kept off stderr.
-    """
-    from torch.profiler import ProfilerActivity, profile
-
-    fn()
-    with _redirect_fd(2), profile(activities=[ProfilerActivity.CPU]) as prof:
-        for _ in range(repeat):
-            fn()
-    rows = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
-    total = sum(e.self_cpu_time_total for e in rows) or 1.0
-    rows.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
-    return [
-        OpTime(e.key, e.count // repeat, e.self_cpu_time_total / 1e3 / repeat,
-               e.self_cpu_time_total / total)
-        for e in rows[:top]
-    ]
-
-
-@dataclass
-class OneDNNCall:
-    """One oneDNN primitive execution from its verbose log."""
-
-    op: str  # convolution, reorder, ...
-    impl: str  # e.g. jit:avx512_core, brg..., gemm:jit
-    prop: str  # backward_data, backward_weights, forward_training, undef (reorders)
-    layouts: str  # memory descriptors, e.g. "src:f32::blocked:abcd::f0 dst:f32::blocked:aBcd16b"
-    problem: str
-    ms: float
-
-
-def onednn_trace(fn: Callable[[], object]) -> list[OneDNNCall]:
-    """The oneDNN primitives one call of ``fn`` executes, from ``ONEDNN_VERBOSE`` output.
-
-    Uses ``torch.backends.mkldnn.verbose``; the log, printed by C code on stdout, is caught
-    in a temporary file. Empty when oneDNN is not used (or not built in).
-    """
-    fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        log = os.path.join(tmp, "onednn.log")
-        with _redirect_fd(1, log), torch.backends.mkldnn.verbose(
-            torch.backends.mkldnn.VERBOSE_ON
-        ):
-            fn()
-        lines = Path(log).read_text(errors="replace").splitlines()
-    calls = []
-    for line in lines:
-        parts = line.split(",")
-        if not line.startswith("onednn_verbose") or "exec" not in parts[:4]:
-            continue
-        start = parts.index("exec") + 2  # skip the engine field
-        try:
-            calls.append(OneDNNCall(parts[start], parts[start + 1], parts[start + 2],
-                                    parts[start + 3], parts[-2], float(parts[-1])))
-        except (IndexError, ValueError):
-            continue
-    return calls
 
 
 # -------------------------------------------------------------------------------------- CLI

@@ -17,7 +17,6 @@ Two views of the same call:
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -29,6 +28,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from convlab.native import BACKEND_CHOICES, select_backend, use_backend
 from convlab.params import ConvParams, IntOrSeq
+from convlab.profiling import redirect_fd
 
 # Ops whose arguments start like aten::convolution's: (input, weight, bias, stride, padding,
 # dilation, transposed, output_padding, groups, ...).
@@ -147,9 +147,7 @@ class ConvSetup:
     def args(self) -> tuple[Any, ...]:
         """``(input, weight, bias, stride, padding, dilation, transposed, output_padding,
         groups)`` as ``aten::convolution`` takes them."""
-        p = self.params
-        return (self.input, self.weight, self.bias, list(p.stride), list(p.padding),
-                list(p.dilation), p.transposed, list(p.output_padding), p.groups)
+        return (self.input, self.weight, self.bias, *self.params.aten_args())
 
     def forward(self) -> torch.Tensor:
         """Run the forward through the public functional API (``F.conv*`` / ``conv_transpose*``)."""
@@ -242,21 +240,6 @@ HIDDEN_OPS = frozenset({
 })
 
 
-@contextmanager
-def _quiet_native_stderr() -> Iterator[None]:
-    """Silence file descriptor 2 (C++ stderr): kineto logs profiler start/stop lines there."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
-        os.close(devnull)
-
-
 def _keep(name: str) -> bool:
     if name in HIDDEN_OPS or "AccumulateGrad" in name:
         return False
@@ -281,12 +264,12 @@ def profile_ops(fn: Callable[[], object], hide: bool = True) -> list[tuple[int, 
     from torch.profiler import ProfilerActivity, profile
 
     prof = profile(activities=[ProfilerActivity.CPU])
-    with _quiet_native_stderr():
+    with redirect_fd(2):  # kineto logs profiler start/stop lines to C++ stderr
         prof.__enter__()
     try:
         fn()
     finally:
-        with _quiet_native_stderr():
+        with redirect_fd(2):
             prof.__exit__(None, None, None)
     events = sorted(prof.events(), key=lambda e: (e.time_range.start, -e.time_range.end))
     rows: list[tuple[int, str]] = []

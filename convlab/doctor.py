@@ -25,7 +25,6 @@ import numpy as np
 import torch
 
 from convlab import bench, native, numpy_ref, reference, thnn
-from convlab.params import ConvParams
 
 # float64 paths must agree to rounding; the bound is relative to the largest expected value.
 TOL64 = 1e-10
@@ -36,37 +35,9 @@ TOL32 = 1e-4
 
 
 @dataclass(frozen=True)
-class Case:
-    """A small convolution to check: ``aten::convolution`` arguments."""
-
-    name: str
-    input_shape: tuple[int, ...]
-    weight_shape: tuple[int, ...]
-    stride: int | tuple[int, ...] = 1
-    padding: int | tuple[int, ...] = 0
-    dilation: int | tuple[int, ...] = 1
-    transposed: bool = False
-    output_padding: int | tuple[int, ...] = 0
-    groups: int = 1
-
-    @property
-    def params(self) -> ConvParams:
-        p = ConvParams.create(
-            len(self.weight_shape) - 2, self.stride, self.padding, self.dilation,
-            self.transposed, self.output_padding, self.groups,
-        )
-        p.check_shapes(self.input_shape, self.weight_shape)
-        return p
-
-    def args(self) -> tuple:
-        p = self.params
-        return (list(p.stride), list(p.padding), list(p.dilation), p.transposed,
-                list(p.output_padding), p.groups)
-
-    @property
-    def thnn_ok(self) -> bool:
-        p = self.params
-        return p.dim == 2 and p.groups == 1 and not p.transposed and set(p.dilation) == {1}
+class Case(bench.Layer):
+    """A small convolution to check: ``aten::convolution`` arguments, as a benchmark
+    :class:`~convlab.bench.Layer` has them (``params``, ``args()``, ``thnn_ok``)."""
 
 
 CASES: tuple[Case, ...] = (
@@ -106,14 +77,7 @@ class PathCheck:
 
 
 def _tensors(case: Case, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, ...]:
-    gen = torch.Generator().manual_seed(len(case.name))
-    p = case.params
-    out = p.output_shape(case.input_shape, case.weight_shape)
-    shapes = (case.input_shape, case.weight_shape, (out[1],), out)
-    return tuple(
-        torch.randn(s, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
-        for s in shapes
-    )
+    return case.tensors(device, dtype, seed=len(case.name))
 
 
 def _expected(case: Case) -> tuple[torch.Tensor, Grads]:

@@ -96,8 +96,7 @@ class NativeExtension:
         if mask[2]:
             sizes = [out_channels]
         return self.ops.convolution_backward(
-            grad_output, input, weight, sizes, list(p.stride), list(p.padding),
-            list(p.dilation), p.transposed, list(p.output_padding), p.groups, mask,
+            grad_output, input, weight, sizes, *p.aten_args(), mask
         )
 
     def slow_conv2d_backward_out(
@@ -252,6 +251,3 @@ def _build(verbose: bool) -> NativeExtension:
             verbose=verbose,
         )
     return NativeExtension(str(library))
-
-
-

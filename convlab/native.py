@@ -106,19 +106,8 @@ def select_backend(
     p = ConvParams.for_tensors(
         input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
     )
-    chosen = torch._C._select_conv_backend(
-        input,
-        weight,
-        bias,
-        list(p.stride),
-        list(p.padding),
-        list(p.dilation),
-        p.transposed,
-        list(p.output_padding),
-        p.groups,
-    )
+    chosen = torch._C._select_conv_backend(input, weight, bias, *p.aten_args())
     return backend_name(chosen)
-
 
 
 def backend_memory_format(
@@ -139,6 +128,7 @@ def backend_memory_format(
         raise ValueError(f"unknown backend {backend!r}; ATen's names: {', '.join(CONV_BACKENDS)}")
     enum = torch._C._ConvBackend(CONV_BACKENDS.index(backend))
     return torch._C._conv_determine_backend_memory_format(input, weight, enum)
+
 
 @dataclass(frozen=True)
 class _Forcing:
@@ -319,8 +309,6 @@ def use_backend(
         _set_flags(saved)
 
 
-
-
 def convolution_backward(
     grad_output: torch.Tensor,
     input: torch.Tensor,
@@ -372,12 +360,7 @@ def convolution_backward(
         input,
         weight,
         None if bias_sizes is None and not mask[2] else sizes,
-        list(p.stride),
-        list(p.padding),
-        list(p.dilation),
-        p.transposed,
-        list(p.output_padding),
-        p.groups,
+        *p.aten_args(),
         list(mask),
     )
     if backend is None:

@@ -77,8 +77,6 @@ def _check_grad_output(
         )
 
 
-
-
 def _pad(x: np.ndarray, padding: Sequence[int]) -> np.ndarray:
     if not any(padding):
         return x

@@ -234,6 +234,15 @@ class ConvParams:
                 f"{tuple(input_shape[2:])}: padding={self.padding} is too large"
             )
 
+    def aten_args(self) -> tuple[list[int], list[int], list[int], bool, list[int], int]:
+        """``(stride, padding, dilation, transposed, output_padding, groups)`` as ATen takes them.
+
+        >>> ConvParams.create(2, stride=2).aten_args()
+        ([2, 2], [0, 0], [1, 1], False, [0, 0], 1)
+        """
+        return (list(self.stride), list(self.padding), list(self.dilation), self.transposed,
+                list(self.output_padding), self.groups)
+
     def kernel_extent(self, kernel: Sequence[int]) -> tuple[int, ...]:
         """Span of a dilated kernel: ``dilation * (k - 1) + 1`` per dimension."""
         return tuple(d * (k - 1) + 1 for d, k in zip(self.dilation, kernel, strict=True))

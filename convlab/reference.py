@@ -415,10 +415,6 @@ def convolution_jvp(
 # Argument checks that ConvParams does not cover.
 
 
-
-
-
-
 def _check_like(t: object, ref: torch.Tensor, name: str, ref_name: str) -> None:
     check_tensor(t, name)
     assert isinstance(t, torch.Tensor)

@@ -199,7 +199,7 @@ def convolution(
     output_padding: IntOrSeq,
     groups: int,
 ) -> torch.Tensor:
-    """N-d convolution (or transposed convolution), like ``torch.ops.aten.convolution``.
+    """N-d convolution (or transposed convolution), like ATen's ``aten::convolution``.
 
     Shapes: input ``[N, C_in, *S]``; weight ``[C_out, C_in/groups, *k]`` (normal) or
     ``[C_in, C_out/groups, *k]`` (transposed); bias ``[C_out]`` or None.
@@ -236,7 +236,7 @@ def convolution_backward(
     groups: int,
     output_mask: Mask,
 ) -> Grads:
-    """Gradients of :func:`convolution`, like ``torch.ops.aten.convolution_backward``.
+    """Gradients of :func:`convolution`, like ATen's ``aten::convolution_backward``.
 
     Shapes: grad_output ``[N, C_out, *O]``, input and weight as in :func:`convolution`;
     ``bias_sizes`` is None, ``[C_out]`` or ``[0]`` (as autograd passes it when there is no
@@ -296,7 +296,7 @@ def convolution_double_backward(
     groups: int,
     output_mask: Mask,
 ) -> Grads:
-    """Backward of :func:`convolution_backward`, like ``aten._convolution_double_backward``.
+    """Backward of :func:`convolution_backward`, like ATen's ``aten::_convolution_double_backward``.
 
     ``ggI``, ``ggW``, ``ggb`` are the gradients flowing into grad_input, grad_weight and
     grad_bias (shapes of input, weight and ``[C_out]``; any may be None); ``gO`` is the

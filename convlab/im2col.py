@@ -2,8 +2,9 @@
 
 The columns layout is ``[G, C/G * prod(kernel), N * L]``: one matrix per group whose rows
 are (input channel, kernel offset) pairs and whose columns are (sample, output position)
-pairs, ``L = prod(out_size)``. With the whole batch in one matrix, a convolution's forward,
-grad_input and grad_weight are each a single batched GEMM over the groups.
+pairs, ``L = prod(out_size)``. With all samples of a batch (or of a chunk of it, see
+:mod:`convlab.reference`) in one matrix, a convolution's forward, grad_input and
+grad_weight are each a single batched GEMM over the groups.
 
 ``im2col`` is a chain of views (pad, one ``unfold`` per spatial dimension, a strided slice
 for dilation) followed by one copy. ``col2im`` is its adjoint: one strided slice-add per

@@ -389,25 +389,18 @@ def convolution_jvp(
     p = ConvParams.for_tensors(input_p, weight_p, bias_p, *args)
     tangents = ((input_t, input_p, "input"), (weight_t, weight_p, "weight"))
     for tangent, primal, name in (*tangents, (bias_t, bias_p, "bias")):
-        if tangent is None:
-            continue
-        check_tensor(tangent, f"{name}_t")
-        if primal is None:
-            raise ValueError(f"{name}_t is given but {name}_p is None")
-        check_same(primal, tangent, f"{name}_p", f"{name}_t")
-        if tangent.shape != primal.shape:
-            raise ValueError(
-                f"{name}_t must have the shape of {name}_p {list(primal.shape)}, "
-                f"got {list(tangent.shape)}"
-            )
+        if tangent is not None:
+            if primal is None:
+                raise ValueError(f"{name}_t is given but {name}_p is None")
+            _check_like(tangent, primal, f"{name}_t", f"{name}_p")
     out_shape = p.output_shape(tuple(input_p.shape), tuple(weight_p.shape))
     tangent = input_p.new_zeros(out_shape)
     if input_t is not None:
-        tangent = tangent + convolution(input_t, weight_p, None, *args)
+        tangent += convolution(input_t, weight_p, None, *args)
     if weight_t is not None:
-        tangent = tangent + convolution(input_p, weight_t, None, *args)
+        tangent += convolution(input_p, weight_t, None, *args)
     if bias_t is not None:
-        tangent = tangent + _bias_view(bias_t, p.dim)
+        tangent += _bias_view(bias_t, p.dim)
     return tangent
 
 

@@ -13,7 +13,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 export PYTHONHASHSEED := 0
 
-.PHONY: help venv book test lint unit nbval notebooks gpu-check bench clean browser-deps
+.PHONY: help venv book test lint unit nbval notebooks gpu-check bench clean system-deps
 
 help:
 	@echo "make book        build the site into _build/html (does not execute notebooks)"
@@ -37,11 +37,16 @@ book: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-browser-deps:
-	@test -x /usr/bin/chromium || { echo "installing Debian chromium for the browser tests"; \
-	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; }
+# Debian packages the tests use: chromium (browser tests), gdb (kernel traces), cmake (the
+# standalone C++ program). Installed only when missing.
+SYSTEM_DEPS := chromium:/usr/bin/chromium gdb:/usr/bin/gdb cmake:/usr/bin/cmake
+system-deps:
+	@missing=""; for pair in $(SYSTEM_DEPS); do \
+	  test -x "$${pair#*:}" || missing="$$missing $${pair%%:*}"; done; \
+	if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 
-unit: $(STAMP) browser-deps
+unit: $(STAMP) system-deps
 	$(PY) -m pytest tests -q
 
 nbval: $(STAMP)

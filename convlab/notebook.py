@@ -68,3 +68,45 @@ def check(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: float = 
     if not diff <= tol:
         raise AssertionError(f"{name}: max abs diff {diff:.3e} exceeds {tol:.0e}")
     print(f"{name}: match (max abs diff < {tol:.0e})")
+
+
+class Table:
+    """A table that renders as a real (Markdown) table on the site and as text elsewhere.
+
+    ``rows`` is a sequence of rows, each a sequence of cells (converted with ``str``);
+    ``headers`` names the columns. Cells given as ``code(...)`` strings are shown in
+    monospace. The plain-text form is what a terminal and nbval see, so a notebook's
+    stored output still records every cell's value.
+
+    >>> Table(["backend", "kernel"], [["Slow2d", "slow_conv2d"]])
+    backend | kernel
+    ------- | -----------
+    Slow2d  | slow_conv2d
+    """
+
+    def __init__(self, headers: list[str], rows: list[list[object]]) -> None:
+        self.headers = [str(h) for h in headers]
+        self.rows = [[str(c) for c in row] for row in rows]
+        for i, row in enumerate(self.rows):
+            if len(row) != len(self.headers):
+                raise ValueError(
+                    f"rows[{i}] has {len(row)} cells, expected {len(self.headers)}"
+                )
+
+    def __repr__(self) -> str:
+        widths = [max([len(h)] + [len(r[j]) for r in self.rows])
+                  for j, h in enumerate(self.headers)]
+        lines = [" | ".join(h.ljust(w) for h, w in zip(self.headers, widths, strict=True))]
+        lines.append(" | ".join("-" * w for w in widths))
+        for row in self.rows:
+            lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        return "\n".join(line.rstrip() for line in lines)
+
+    def _repr_markdown_(self) -> str:
+        def cell(text: str) -> str:
+            return text.replace("|", "\\|")
+
+        lines = ["| " + " | ".join(cell(h) for h in self.headers) + " |",
+                 "|" + "---|" * len(self.headers)]
+        lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in self.rows]
+        return "\n".join(lines)

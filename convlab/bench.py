@@ -1,67 +1,62 @@
 """Benchmarks: every convolution path side by side (``convlab bench``).
 
-For each layer of a suite and each *pass* (``forward``, ``backward_input``,
-``backward_weight``, full ``backward``) this times every *path* that applies:
+Layers and paths come from :mod:`convlab.paths`; for each layer every (path, pass) that
+applies is timed in one :func:`convlab.timing.interleaved` run (rounds of
+``blocked_autorange`` that alternate between the candidates), so the ratios between paths
+of a layer are per-round ratios of calls that ran side by side.
 
-* ``native``: ``torch.ops.aten.convolution{,_backward}`` with ATen's own backend choice;
-* ``mkldnn``, ``slow``, ``cudnn``: the same ops with the backend forced through
-  :func:`convlab.native.use_backend` (``slow`` = oneDNN, NNPACK and cuDNN off);
-* ``thnn``: :mod:`convlab.thnn` (2-d, no groups or dilation), its backward reading the
-  ``finput`` columns saved by the forward, as THNN's autograd did;
-* ``reference``: :mod:`convlab.reference` (torch ops, N-d, everything);
-* ``numpy_ref``: :mod:`convlab.numpy_ref` im2col + GEMM (CPU only, not transposed).
+Every result keeps the median and the spread across rounds. Whenever ``native`` is timed,
+its *A/A twin* is timed too: the same ATen backend reached by forcing it (``mkldnn`` when
+ATen picks oneDNN, ``slow`` when it picks an im2col kernel). The two run the same kernel,
+so their gap is the run's noise band; a difference between paths means something only
+outside it. NumPy's BLAS gets the same thread count as torch (``threadpoolctl``).
 
-Method. ``torch.utils.benchmark.Timer.blocked_autorange`` (it synchronises CUDA, and its
-``num_threads`` fixes the thread count); every task of a layer is timed once per round,
-the rounds interleave the paths, and a task keeps its best per-round median, because the
-machine is shared and noisy. After each NumPy job the run pauses ``BLAS_SETTLE_S`` so
-that OpenBLAS's spinning threads do not slow down the next torch job.
+Columns besides the time: GFLOP/s (:data:`convlab.paths.FLOP_FORMULA`), GB/s against the
+bytes a pass must move (:func:`convlab.paths.min_bytes`, the honest yardstick of thin
+layers such as depthwise), the ratio to the fastest native path and to a square GEMM of
+equal FLOPs, and two memory measures (:mod:`convlab.profiling`):
 
-FLOPs are ``2 * MACs`` per GEMM-sized pass (``MACs`` from :meth:`~convlab.params.ConvParams.macs`):
-forward, backward_input and backward_weight count ``2 * MACs`` each, the full backward
-``4 * MACs`` (the bias sum is ignored). ``ratio_gemm`` divides a path's
-time by that of a square GEMM of (nearly) the same FLOPs on the same device and dtype, the
-practical peak; ``ratio_native`` divides by the fastest native path of the same pass.
+* ``mem_alloc_mb``: the peak of torch's allocator above the start during one call (CPU:
+  ``torch.profiler`` with ``profile_memory`` plus tracemalloc for NumPy; memory a library
+  allocates on its own is not seen; CUDA: ``torch.cuda.max_memory_allocated``);
+* ``mem_rss_mb``: the rise of the process's resident-set high-water mark (Linux CPU).
 
-Memory (extra bytes a single call needs above what was live before it, outputs included):
-
-* ``mem_alloc_mb``: on CPU, the peak of torch's CPU allocator as recorded by
-  ``torch.profiler`` (``profile_memory=True``; oneDNN's reordered copies go through it)
-  plus the tracemalloc peak (NumPy's arrays and Python objects); memory that a library
-  allocates without torch's allocator is *not* seen. On CUDA,
-  ``torch.cuda.max_memory_allocated`` above the start.
-* ``mem_rss_mb``: on Linux CPU runs, the rise of the process's resident-set high-water
-  mark (``/proc/self/clear_refs`` reset, ``VmHWM``) after ``malloc_trim``: every buffer
-  that touched memory, at page granularity; NaN elsewhere.
-
->>> results = run(["resnet14"], paths=["native", "reference"], passes=["backward"],
-...               rounds=1, memory=False)                      # doctest: +SKIP
->>> print(format_table(results))                               # doctest: +SKIP
+>>> report = benchmark(["resnet14"], paths=["native", "reference"],
+...                    passes=["backward"], memory=False)          # doctest: +SKIP
+>>> print(format_table(report.results))                         # doctest: +SKIP
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import json
 import math
+import os
 import platform
 import re
-import statistics
-import sys
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path as FilePath
 
 import numpy as np
 import torch
-from torch.utils.benchmark import Timer
 
-from convlab import native, numpy_ref, reference, thnn
-from convlab.params import ConvParams
-from convlab.profiling import (  # noqa: F401 - notebooks and tests use these as bench.*
+from convlab import paths as registry
+from convlab.paths import (  # noqa: F401 - the public names bench has always had
+    FLOP_FORMULA,
+    PASSES,
+    QUICK_LAYERS,
+    RESNET_LAYERS,
+    SUITE,
+    Layer,
+    NotApplicable,
+    flops,
+    min_bytes,
+    suite_layers,
+)
+from convlab.profiling import (  # noqa: F401 - notebooks use these as bench.*
     OneDNNCall,
     OpTime,
     alloc_peak,
@@ -70,159 +65,35 @@ from convlab.profiling import (  # noqa: F401 - notebooks and tests use these as
     profile_ops,
     rss_peak,
 )
+from convlab.timing import Ratio, Timing, blas_threads, interleaved, ratio
 
-_alloc_peak, _rss_peak = alloc_peak, rss_peak  # their names before convlab.profiling (tests)
-
-PATHS: tuple[str, ...] = ("native", "mkldnn", "slow", "cudnn", "thnn", "reference", "numpy_ref")
-NATIVE_PATHS: tuple[str, ...] = ("native", "mkldnn", "slow", "cudnn")
-PASSES: tuple[str, ...] = ("forward", "backward_input", "backward_weight", "backward")
-MASKS: dict[str, tuple[bool, bool, bool]] = {
-    "backward_input": (True, False, False),
-    "backward_weight": (False, True, False),
-    "backward": (True, True, True),
-}
+PATHS: tuple[str, ...] = registry.PATH_NAMES
+NATIVE_PATHS: tuple[str, ...] = tuple(p.name for p in registry.PATHS if p.is_aten)
 COLUMNS: tuple[str, ...] = (
-    "layer", "path", "pass", "backend", "device", "dtype", "threads", "time_ms",
-    "round_spread", "flops", "gflops", "ratio_native", "gemm_gflops", "ratio_gemm",
-    "mem_alloc_mb", "mem_rss_mb", "shape",
-)
-FLOP_FORMULA = (
-    "flops = 2 * MACs for forward, backward_input and backward_weight; 4 * MACs for the full "
-    "backward (bias sum ignored); MACs = ConvParams.macs(input_shape, weight_shape)"
+    "layer", "path", "pass", "backend", "device", "dtype", "threads", "time_ms", "q1_ms",
+    "q3_ms", "min_ms", "max_ms", "rounds", "calls_per_round", "round_spread", "flops",
+    "gflops", "min_bytes", "gbytes_s", "ratio_native", "ratio_native_low",
+    "ratio_native_high", "aa_band", "gemm_gflops", "ratio_gemm", "mem_alloc_mb",
+    "mem_rss_mb", "shape",
 )
 MEMORY_METHOD = (
     "mem_alloc_mb: peak above the start of torch's allocator during one call (CPU: "
     "torch.profiler profile_memory plus tracemalloc for NumPy; memory allocated outside "
     "torch's allocator is not seen; CUDA: torch.cuda.max_memory_allocated). mem_rss_mb: rise "
-    "of the process RSS high-water mark (Linux /proc/self/clear_refs + VmHWM, after "
-    "malloc_trim), CPU only"
+    "of the process RSS high-water mark (Linux /proc/self/clear_refs + VmHWM), CPU only"
 )
 MB = 2.0**20
-# NumPy's OpenBLAS worker threads busy-wait for a while after each call and steal the cores
-# that torch's OpenMP threads need (measured here: the next native backward ran ~1.5-2x
-# slower). Pausing this long after every NumPy job lets them go to sleep first.
+# NumPy's OpenBLAS threads spin for a while after each call and take the cores torch's
+# OpenMP threads need next; a pause after each NumPy block lets them sleep first.
 BLAS_SETTLE_S = 0.1
-
-
-@dataclass(frozen=True)
-class Layer:
-    """One benchmark layer: ``aten::convolution`` shapes and arguments.
-
-    ``input_shape`` is ``[N, C_in, *S]``; ``weight_shape`` ``[C_out, C_in/groups, *k]``
-    (``[C_in, C_out/groups, *k]`` when ``transposed``).
-
-    >>> Layer("tiny", (2, 3, 8, 8), (4, 3, 3, 3), padding=1).output_shape
-    (2, 4, 8, 8)
-    """
-
-    name: str
-    input_shape: tuple[int, ...]
-    weight_shape: tuple[int, ...]
-    stride: int | tuple[int, ...] = 1
-    padding: int | tuple[int, ...] = 0
-    dilation: int | tuple[int, ...] = 1
-    transposed: bool = False
-    output_padding: int | tuple[int, ...] = 0
-    groups: int = 1
-    note: str = ""
-
-    @property
-    def params(self) -> ConvParams:
-        """The validated :class:`~convlab.params.ConvParams` (``ValueError`` if invalid)."""
-        p = ConvParams.create(
-            len(self.weight_shape) - 2, self.stride, self.padding, self.dilation,
-            self.transposed, self.output_padding, self.groups,
-        )
-        p.check_shapes(self.input_shape, self.weight_shape)
-        return p
-
-    @property
-    def output_shape(self) -> tuple[int, ...]:
-        return self.params.output_shape(self.input_shape, self.weight_shape)
-
-    @property
-    def macs(self) -> int:
-        """Multiply-accumulates of the forward (each backward GEMM costs as many)."""
-        return self.params.macs(self.input_shape, self.weight_shape)
-
-    @property
-    def dim(self) -> int:
-        return len(self.weight_shape) - 2
-
-    @property
-    def thnn_ok(self) -> bool:
-        """True when THNN's conv2d serves this layer (2-d, no groups, dilation or transposition)."""
-        p = self.params
-        return p.dim == 2 and p.groups == 1 and not p.transposed and set(p.dilation) == {1}
-
-    def args(self) -> tuple[list[int], list[int], list[int], bool, list[int], int]:
-        """``(stride, padding, dilation, transposed, output_padding, groups)`` as ATen wants."""
-        return self.params.aten_args()
-
-    def describe(self) -> str:
-        """Short human description, e.g. ``x[8,64,56,56] w[64,64,3,3] p1``."""
-        parts = [f"x{list(self.input_shape)}", f"w{list(self.weight_shape)}"]
-        for key, default in (("stride", 1), ("padding", 0), ("dilation", 1), ("groups", 1)):
-            value = getattr(self, key)
-            if value != default:
-                parts.append(f"{key[0] if key != 'groups' else 'g'}{value}")
-        if self.transposed:
-            parts.append("T" + (f" op{self.output_padding}" if self.output_padding else ""))
-        return " ".join(p.replace(" ", "") for p in parts)
-
-    def tensors(
-        self, device: torch.device, dtype: torch.dtype, seed: int = 0
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """Random ``(input, weight, bias, grad_output)`` for this layer."""
-        gen = torch.Generator().manual_seed(seed)
-        out = self.output_shape
-        c_out = out[1]
-        x, w, b, go = (
-            torch.randn(shape, generator=gen, dtype=torch.float64).to(device=device, dtype=dtype)
-            for shape in (self.input_shape, self.weight_shape, (c_out,), out)
-        )
-        return x, w, b, go
-
-
-SUITE: tuple[Layer, ...] = (
-    Layer("resnet56", (8, 64, 56, 56), (64, 64, 3, 3), padding=1, note="ResNet conv2_x"),
-    Layer("resnet28", (8, 128, 28, 28), (128, 128, 3, 3), padding=1, note="ResNet conv3_x"),
-    Layer("resnet14", (8, 256, 14, 14), (256, 256, 3, 3), padding=1, note="ResNet conv4_x"),
-    Layer("cifar5", (32, 3, 32, 32), (16, 3, 5, 5), padding=2, note="5x5 stem, 'same'"),
-    Layer("strided", (8, 64, 56, 56), (128, 64, 3, 3), stride=2, padding=1, note="downsample"),
-    Layer("grouped", (8, 128, 28, 28), (128, 32, 3, 3), padding=1, groups=4, note="ResNeXt"),
-    Layer("depthwise", (8, 128, 28, 28), (128, 1, 3, 3), padding=1, groups=128, note="MobileNet"),
-    Layer("dilated", (8, 64, 28, 28), (64, 64, 3, 3), padding=2, dilation=2, note="atrous"),
-    Layer("transposed", (8, 64, 14, 14), (64, 32, 4, 4), stride=2, padding=1, transposed=True,
-          note="2x upsampling"),
-    Layer("conv1d", (8, 64, 512), (64, 64, 5), padding=2, note="1-d, audio/text"),
-    Layer("conv3d", (4, 16, 16, 16, 16), (32, 16, 3, 3, 3), padding=1, note="3-d, video"),
-)
-RESNET_LAYERS: tuple[str, ...] = ("resnet56", "resnet28", "resnet14", "cifar5")
-QUICK_LAYERS: tuple[str, ...] = ("resnet14", "cifar5", "depthwise", "conv1d")
-
-
-def suite_layers(names: Sequence[str] | None = None) -> list[Layer]:
-    """Suite layers by name (all when ``names`` is None); ``ValueError`` for an unknown name.
-
-    >>> [layer.name for layer in suite_layers(["conv1d"])]
-    ['conv1d']
-    """
-    by_name = {layer.name: layer for layer in SUITE}
-    if names is None:
-        return list(SUITE)
-    unknown = [n for n in names if n not in by_name]
-    if unknown:
-        raise ValueError(
-            f"layers: unknown layer name(s) {', '.join(map(repr, unknown))}; "
-            f"choose from {', '.join(by_name)}"
-        )
-    return [by_name[n] for n in names]
+# Warn when an A/A pair differs, or one candidate's rounds spread, by more than this.
+AA_WARN = 0.10
+SPREAD_WARN = 0.25
 
 
 @dataclass
 class Result:
-    """One timed (layer, path, pass); see the module docstring for the columns."""
+    """One timed (layer, path, pass); see :data:`COLUMNS` and the module docstring."""
 
     layer: str
     path: str
@@ -232,19 +103,31 @@ class Result:
     dtype: str
     threads: int
     time_ms: float
+    q1_ms: float
+    q3_ms: float
+    min_ms: float
+    max_ms: float
+    rounds: int
+    calls_per_round: int
     round_spread: float
     flops: int
     gflops: float
+    min_bytes: int
+    gbytes_s: float
     ratio_native: float = math.nan
+    ratio_native_low: float = math.nan
+    ratio_native_high: float = math.nan
+    aa_band: float = math.nan
     gemm_gflops: float = math.nan
     ratio_gemm: float = math.nan
     mem_alloc_mb: float = math.nan
     mem_rss_mb: float = math.nan
     shape: str = ""
+    timing: Timing | None = field(default=None, repr=False)
 
     def row(self) -> dict[str, object]:
         """The CSV/JSON row (``pass_`` spelled ``pass``)."""
-        data = asdict(self)
+        data = {k: v for k, v in asdict(self).items() if k != "timing"}
         data["pass"] = data.pop("pass_")
         return {key: data[key] for key in COLUMNS}
 
@@ -262,170 +145,132 @@ class Skip:
 class Report:
     """Everything one run produced: results, skipped paths, metadata."""
 
-    results: list[Result]
+    results: list[Result] = field(default_factory=list)
     skipped: list[Skip] = field(default_factory=list)
     meta: dict[str, object] = field(default_factory=dict)
 
 
-# --------------------------------------------------------------------------------- tasks
+# ---------------------------------------------------------------------------- arguments
+
+
+def max_threads() -> int:
+    """The largest ``threads`` value accepted: four times the CPUs this process may use."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cpus = os.cpu_count() or 1
+    return 4 * cpus
+
+
+def check_threads(threads: object) -> int:
+    """``threads`` as a positive int no larger than :func:`max_threads` (else ValueError)."""
+    limit = max_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= limit:
+        raise ValueError(f"threads must be an int from 1 to {limit}, got {threads!r}")
+    return threads
+
+
+def check_device(device: str | torch.device | None) -> torch.device:
+    """``device`` as a usable ``cpu`` or ``cuda`` torch.device (default: CUDA if present)."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise ValueError(f"device must be cpu or cuda, got {device!r}")
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device: CUDA was requested but torch.cuda.is_available() is False")
+    return dev
+
+
+def _check_choice(values: Sequence[str] | None, allowed: Sequence[str], name: str) -> list[str]:
+    if values is None:
+        return list(allowed)
+    if isinstance(values, str):
+        raise TypeError(f"{name} must be a sequence of names, got the string {values!r}")
+    if not values:
+        raise ValueError(f"{name}: empty list; choose from {', '.join(allowed)}")
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(
+            f"{name}: unknown name(s) {', '.join(map(repr, bad))}; choose from "
+            f"{', '.join(allowed)}"
+        )
+    return list(dict.fromkeys(values))
+
+
+def _resolve_layers(layers: Sequence[str | Layer] | None) -> list[Layer]:
+    if layers is None:
+        return list(SUITE)
+    if isinstance(layers, str | Layer):
+        raise TypeError("layers must be a sequence of names or Layer objects")
+    if not layers:
+        raise ValueError(f"layers: empty list; choose from {', '.join(l.name for l in SUITE)}")
+    out = []
+    for item in layers:
+        if isinstance(item, Layer):
+            item.params  # noqa: B018 - validates the layer now, with a clear error
+            out.append(item)
+        else:
+            out += suite_layers([item])
+    return out
+
+
+# ------------------------------------------------------------------------------ running
 
 
 @dataclass
 class _Task:
-    layer: Layer
-    path: str
+    path: registry.Path
     pass_: str
     fn: Callable[[], object]
     backend: str
-    force: str | None  # a native.use_backend name to hold while timing
+
+    @property
+    def key(self) -> str:
+        return f"{self.path.name}:{self.pass_}"
 
 
-def _flops(layer: Layer, pass_: str) -> int:
-    return (4 if pass_ == "backward" else 2) * layer.macs
-
-
-def _aten_fns(
-    forward: Callable[..., object],
-    backward: Callable[..., object],
-    layer: Layer, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, go: torch.Tensor,
-) -> dict[str, Callable[[], object]]:
-    """Closures per pass for a ``convolution``/``convolution_backward`` pair with ATen's
-    signatures (``torch.ops.aten`` itself, or :mod:`convlab.reference`)."""
-    args = layer.args()
-    bias_sizes = [b.shape[0]]
-    fns: dict[str, Callable[[], object]] = {"forward": lambda: forward(x, w, b, *args)}
-    for pass_, mask in MASKS.items():
-        fns[pass_] = lambda mask=mask: backward(go, x, w, bias_sizes, *args, list(mask))
-    return fns
-
-
-def _thnn_fns(
-    layer: Layer, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, go: torch.Tensor
-) -> dict[str, Callable[[], object]]:
-    p = layer.params
-    kernel = list(w.shape[2:])
-    # THNN's calling convention: the forward fills `finput`, autograd keeps it, and the
-    # backward reads it instead of recomputing im2col; `fgrad_input` is reused scratch.
-    _, finput = thnn.conv2d_forward(x, w, kernel, b, p.stride, p.padding)
-    fwd_buf = torch.empty_like(finput)
-    fgrad_input = torch.empty_like(finput)
-    fns: dict[str, Callable[[], object]] = {
-        "forward": lambda: thnn.conv2d_forward(x, w, kernel, b, p.stride, p.padding, fwd_buf),
-    }
-    for pass_, mask in MASKS.items():
-        fns[pass_] = (
-            lambda mask=mask: thnn.conv2d_backward(
-                go, x, w, kernel, p.stride, p.padding, finput, fgrad_input, mask
-            )
-        )
-    return fns
-
-
-def _numpy_fns(
-    layer: Layer, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor, go: torch.Tensor
-) -> dict[str, Callable[[], object]]:
-    p = layer.params
-    xn, wn, bn, gon = (t.numpy() for t in (x, w, b, go))
-    fns: dict[str, Callable[[], object]] = {
-        "forward": lambda: numpy_ref.convolution(
-            xn, wn, bn, p.stride, p.padding, p.dilation, p.groups
-        ),
-    }
-    for pass_, mask in MASKS.items():
-        fns[pass_] = (
-            lambda mask=mask: numpy_ref.convolution_backward(
-                gon, xn, wn, [bn.shape[0]], p.stride, p.padding, p.dilation, p.groups, mask
-            )
-        )
-    return fns
-
-
-def _why_not(path: str, layer: Layer, device: torch.device) -> str | None:
-    """Why ``path`` does not apply to ``layer`` on ``device`` (None if it may)."""
-    if path in ("mkldnn", "slow", "cudnn") and path not in native.available_backends(device):
-        return f"not available on {device.type} in this build"
-    if path == "thnn" and not layer.thnn_ok:
-        return "THNN's conv2d is 2-d only, without groups, dilation or transposition"
-    if path == "numpy_ref":
-        if device.type != "cpu":
-            return "NumPy runs on the CPU only (no device round-trips)"
-        if layer.transposed:
-            return "numpy_ref has no transposed convolution"
-    return None
-
-
-def _tasks(
-    layer: Layer,
-    paths: Sequence[str],
-    passes: Sequence[str],
-    device: torch.device,
-    dtype: torch.dtype,
-    skipped: list[Skip],
-) -> list[_Task]:
-    x, w, b, go = layer.tensors(device, dtype)
-    args = layer.args()
+def _tasks(layer: Layer, names: Sequence[str], passes: Sequence[str], device: torch.device,
+           dtype: torch.dtype, skipped: list[Skip]) -> list[_Task]:
+    tensors = layer.tensors(device, dtype)
+    names = list(names)
     tasks: list[_Task] = []
-    for path in paths:
-        reason = _why_not(path, layer, device)
-        if reason is not None:
-            skipped.append(Skip(layer.name, path, reason))
+    while names:
+        path = registry.get_path(names.pop(0))
+        try:
+            backend = path.check(layer, device, dtype)
+        except NotApplicable as why:
+            skipped.append(Skip(layer.name, path.name, str(why)))
             continue
-        force = path if path in ("mkldnn", "slow", "cudnn") else None
-        if path in NATIVE_PATHS:
-            # Select as a training step does: with inputs that require grad.
-            xg, wg = x.detach().requires_grad_(), w.detach().requires_grad_()
-            try:
-                if force is None:
-                    backend = native.select_backend(xg, wg, b, *args)
-                else:
-                    with native.use_backend(force, xg, wg, b, *args) as chosen:
-                        backend = str(chosen)
-            except ValueError as err:
-                skipped.append(Skip(layer.name, path, str(err)))
-                continue
-            fns = _aten_fns(torch.ops.aten.convolution.default,
-                            torch.ops.aten.convolution_backward.default, layer, x, w, b, go)
-        elif path == "reference":
-            backend = "-"
-            fns = _aten_fns(reference.convolution, reference.convolution_backward,
-                            layer, x, w, b, go)
-        else:
-            backend = "-"
-            fns = {"thnn": _thnn_fns, "numpy_ref": _numpy_fns}[path](layer, x, w, b, go)
-        tasks += [_Task(layer, path, ps, fns[ps], backend, force) for ps in passes]
+        if path.name == "native":  # its A/A twin runs the same kernel, forced
+            twin = registry.TWIN_OF_BACKEND.get(backend)
+            if twin and twin not in names and not any(t.path.name == twin for t in tasks):
+                names.insert(0, twin)
+        fns = path.runners(layer, tensors, hold=False)
+        tasks += [_Task(path, ps, fns[ps], backend) for ps in passes]
     return tasks
 
 
-def _gemm_fn(flops: int, device: torch.device, dtype: torch.dtype) -> tuple[Callable, int]:
-    """A square ``(m, m) @ (m, m)`` matmul with about ``flops`` FLOPs; returns (fn, its flops)."""
-    m = max(1, round((flops / 2) ** (1 / 3)))
+def _gemm_fn(flop_count: int, device: torch.device,
+             dtype: torch.dtype) -> tuple[Callable[[], object], int]:
+    """A square ``(m, m) @ (m, m)`` matmul with about ``flop_count`` FLOPs; (fn, its flops)."""
+    m = max(1, round((flop_count / 2) ** (1 / 3)))
     gen = torch.Generator().manual_seed(1)
     a = torch.randn(m, m, generator=gen).to(device=device, dtype=dtype)
     bm = torch.randn(m, m, generator=gen).to(device=device, dtype=dtype)
     return (lambda: torch.mm(a, bm)), 2 * m**3
 
 
-# ------------------------------------------------------------------------------ measuring
-
-
-def _time(fn: Callable[[], object], task: _Task | None, threads: int,
-          min_run_time: float) -> float:
-    """Median seconds per call of one blocked_autorange (under ``task``'s forced backend)."""
-    timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-    with _forced(task):
-        return timer.blocked_autorange(min_run_time=min_run_time).median
-
-
 @contextlib.contextmanager
-def _forced(task: _Task | None) -> Iterator[None]:
-    if task is None or task.force is None:
+def _settled(path: registry.Path) -> Iterator[None]:
+    """Hold ``path``'s backend; after a NumPy block, let BLAS's spinning threads sleep."""
+    with path.held():
         yield
-        return
-    with native.use_backend(task.force):
-        yield
-
-
-# ---------------------------------------------------------------------------------- running
+    if path.name == "numpy_ref":
+        time.sleep(BLAS_SETTLE_S)
 
 
 def environment(device: torch.device | str = "cpu", threads: int | None = None) -> dict:
@@ -441,7 +286,7 @@ def environment(device: torch.device | str = "cpu", threads: int | None = None) 
         "cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "onednn": onednn.group(1) if onednn else None,
         "threads": threads if threads is not None else torch.get_num_threads(),
-        "numpy_blas_threads": "library default (not controlled)",
+        "interop_threads": torch.get_num_interop_threads(),
         "device": str(device),
     }
     if device.type == "cuda":
@@ -453,35 +298,6 @@ def environment(device: torch.device | str = "cpu", threads: int | None = None) 
     return env
 
 
-def _check_choice(values: Sequence[str] | None, allowed: Sequence[str], name: str) -> list[str]:
-    if values is None:
-        return list(allowed)
-    if isinstance(values, str):
-        raise TypeError(f"{name} must be a sequence of names, got the string {values!r}")
-    bad = [v for v in values if v not in allowed]
-    if bad:
-        raise ValueError(
-            f"{name}: unknown name(s) {', '.join(map(repr, bad))}; choose from "
-            f"{', '.join(allowed)}"
-        )
-    return list(values)
-
-
-def _resolve_layers(layers: Sequence[str | Layer] | None) -> list[Layer]:
-    if layers is None:
-        return list(SUITE)
-    if isinstance(layers, str | Layer):
-        raise TypeError("layers must be a sequence of names or Layer objects")
-    out = []
-    for item in layers:
-        if isinstance(item, Layer):
-            item.params  # noqa: B018 - validates the layer now, with a clear error
-            out.append(item)
-        else:
-            out += suite_layers([item])
-    return out
-
-
 def benchmark(
     layers: Sequence[str | Layer] | None = None,
     paths: Sequence[str] | None = None,
@@ -489,253 +305,268 @@ def benchmark(
     device: str | torch.device | None = None,
     dtype: torch.dtype = torch.float32,
     threads: int | None = None,
-    rounds: int = 3,
+    rounds: int = 5,
     min_run_time: float = 0.1,
     memory: bool = True,
     gemm: bool = True,
     progress: Callable[[str], None] | None = None,
+    report: Report | None = None,
 ) -> Report:
-    """Time ``paths`` x ``passes`` on ``layers``; see :func:`run` (this also returns skips)."""
+    """Time ``paths`` x ``passes`` on ``layers``, layer by layer; return a :class:`Report`.
+
+    ``layers``: suite names or :class:`~convlab.paths.Layer` objects (default: the suite);
+    ``paths``/``passes``: subsets of :data:`PATHS`/:data:`PASSES` (``native`` brings its
+    A/A twin); ``device`` defaults to CUDA when available; ``threads`` to torch's current
+    count (NumPy's BLAS gets the same). Each layer is one :func:`convlab.timing.interleaved`
+    run of ``rounds`` x ``blocked_autorange(min_run_time)``. ``memory=False`` skips the
+    memory measurements, ``gemm=False`` the GEMM yardstick. Results are appended to
+    ``report`` as each layer finishes, so an interrupted run keeps what it finished.
+    """
     chosen_layers = _resolve_layers(layers)
     chosen_paths = _check_choice(paths, PATHS, "paths")
     chosen_passes = _check_choice(passes, PASSES, "passes")
-    dev = torch.device(device if device is not None else "cuda" if torch.cuda.is_available()
-                       else "cpu")
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device: CUDA was requested but torch.cuda.is_available() is False")
-    if dev.type not in ("cpu", "cuda"):
-        raise ValueError(f"device must be cpu or cuda, got {dev}")
+    dev = check_device(device)
     if dtype not in (torch.float32, torch.float64):
         raise TypeError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-    if threads is None:
-        threads = torch.get_num_threads()
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int, got {threads!r}")
+    threads = check_threads(torch.get_num_threads() if threads is None else threads)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     if not min_run_time > 0:
         raise ValueError(f"min_run_time must be positive, got {min_run_time!r}")
 
-    saved_threads = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    report = Report([], meta=environment(dev, threads))
+    report = Report() if report is None else report
+    report.meta.update(environment(dev, threads))
     report.meta.update(
         rounds=rounds, min_run_time=min_run_time, dtype=str(dtype).replace("torch.", ""),
         flop_formula=FLOP_FORMULA, memory_method=MEMORY_METHOD,
     )
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
     try:
-        for index, layer in enumerate(chosen_layers, 1):
-            tag = f"[{index}/{len(chosen_layers)}] {layer.name}"
-            report.results += _bench_layer(
-                layer, chosen_paths, chosen_passes, dev, dtype, threads, rounds, min_run_time,
-                memory, gemm, report.skipped, progress, tag,
-            )
+        with blas_threads(threads) as blas:
+            report.meta["numpy_blas_threads"] = blas
+            for index, layer in enumerate(chosen_layers, 1):
+                tag = f"[{index}/{len(chosen_layers)}] {layer.name}"
+                results = _bench_layer(layer, chosen_paths, chosen_passes, dev, dtype,
+                                       threads, rounds, min_run_time, memory, gemm,
+                                       report.skipped, progress, tag)
+                _fill_ratios(results)
+                report.results += results
     finally:
         torch.set_num_threads(saved_threads)
-    _fill_ratios(report.results)
     return report
 
 
-def run(
-    layers: Sequence[str | Layer] | None = None,
-    paths: Sequence[str] | None = None,
-    passes: Sequence[str] | None = None,
-    device: str | torch.device | None = None,
-    dtype: torch.dtype = torch.float32,
-    threads: int | None = None,
-    rounds: int = 3,
-    min_run_time: float = 0.1,
-    memory: bool = True,
-    gemm: bool = True,
-    progress: Callable[[str], None] | None = None,
-) -> list[Result]:
-    """Benchmark every applicable path on ``layers``; one :class:`Result` per timed task.
+def run(layers: Sequence[str | Layer] | None = None, **kwargs: object) -> list[Result]:
+    """:func:`benchmark`'s results only.
 
-    ``layers``: suite names (see ``SUITE``) or :class:`Layer` objects (default: the whole
-    suite); ``paths``/``passes``: subsets of ``PATHS``/``PASSES``; ``device``
-    defaults to CUDA when available; ``threads`` to torch's current count; each of
-    ``rounds`` times every task once with ``blocked_autorange(min_run_time)``.
-    ``memory=False`` skips the (untimed) memory measurements, ``gemm=False`` the GEMM peak.
-
-    >>> rs = run([Layer("tiny", (2, 3, 8, 8), (4, 3, 3, 3))], paths=["native"],
+    >>> rs = run([Layer("tiny", (2, 3, 8, 8), (4, 3, 3, 3))], paths=["reference"],
     ...          passes=["backward"], rounds=1, min_run_time=0.01, memory=False)
     >>> [(r.path, r.pass_) for r in rs]
-    [('native', 'backward')]
+    [('reference', 'backward')]
     """
-    return benchmark(
-        layers, paths, passes, device, dtype, threads, rounds, min_run_time, memory, gemm,
-        progress,
-    ).results
+    return benchmark(layers, **kwargs).results  # type: ignore[arg-type]
 
 
 def _bench_layer(
-    layer: Layer,
-    paths: Sequence[str],
-    passes: Sequence[str],
-    device: torch.device,
-    dtype: torch.dtype,
-    threads: int,
-    rounds: int,
-    min_run_time: float,
-    memory: bool,
-    gemm: bool,
-    skipped: list[Skip],
-    progress: Callable[[str], None] | None,
-    tag: str,
+    layer: Layer, paths: Sequence[str], passes: Sequence[str], device: torch.device,
+    dtype: torch.dtype, threads: int, rounds: int, min_run_time: float, memory: bool,
+    gemm: bool, skipped: list[Skip], progress: Callable[[str], None] | None, tag: str,
 ) -> list[Result]:
     tasks = _tasks(layer, paths, passes, device, dtype, skipped)
-    gemms: dict[int, tuple[Callable, int]] = {}
+    fns = {t.key: t.fn for t in tasks}
+    around = {t.key: (lambda p=t.path: _settled(p)) for t in tasks}
+    gemms: dict[int, int] = {}
     if gemm:
-        for flops in sorted({_flops(layer, t.pass_) for t in tasks}):
-            gemms[flops] = _gemm_fn(flops, device, dtype)
-    jobs: list[tuple[str, Callable[[], object], _Task | None]] = [
-        (f"{t.path}:{t.pass_}", t.fn, t) for t in tasks
-    ]
-    jobs += [(f"gemm:{f}", fn, None) for f, (fn, _) in gemms.items()]
-    for _, fn, task in jobs:  # warm-up: caches, oneDNN primitives, lazy inits
-        with _forced(task):
-            fn()
-        _settle(task)
-    times: dict[str, list[float]] = {name: [] for name, _, _ in jobs}
-    for r in range(rounds):
-        order = jobs[r % len(jobs):] + jobs[: r % len(jobs)] if jobs else []
-        for i, (name, fn, task) in enumerate(order, 1):
-            if progress is not None:
-                progress(f"{tag} | round {r + 1}/{rounds} {i}/{len(jobs)} {name}")
-            times[name].append(_time(fn, task, threads, min_run_time))
-            _settle(task)
-    gemm_rate = {f: g_flops / min(times[f"gemm:{f}"]) / 1e9 for f, (_, g_flops) in gemms.items()}
+        for count in sorted({flops(layer, t.pass_) for t in tasks}):
+            fn, gemm_flops = _gemm_fn(count, device, dtype)
+            fns[f"gemm:{count}"] = fn
+            gemms[count] = gemm_flops
+    if progress is not None:
+        progress(f"{tag} | {len(fns)} candidates x {rounds} rounds")
+    timings = interleaved(fns, rounds=rounds, min_run_time=min_run_time, threads=threads,
+                          around=around)
+    itemsize = torch.empty((), dtype=dtype).element_size()
     results = []
     for task in tasks:
-        series = times[f"{task.path}:{task.pass_}"]
-        best = min(series)
-        flops = _flops(layer, task.pass_)
+        t = timings[task.key]
+        count = flops(layer, task.pass_)
+        q1, q3 = t.quartiles
+        moved = min_bytes(layer, task.pass_, itemsize)
         res = Result(
-            layer=layer.name, path=task.path, pass_=task.pass_, backend=task.backend,
+            layer=layer.name, path=task.path.name, pass_=task.pass_, backend=task.backend,
             device=device.type, dtype=str(dtype).replace("torch.", ""), threads=threads,
-            time_ms=best * 1e3, round_spread=max(series) / best - 1.0, flops=flops,
-            gflops=flops / best / 1e9, shape=layer.describe(),
+            time_ms=t.median * 1e3, q1_ms=q1 * 1e3, q3_ms=q3 * 1e3,
+            min_ms=min(t.rounds) * 1e3, max_ms=max(t.rounds) * 1e3, rounds=len(t.rounds),
+            calls_per_round=t.calls_per_round, round_spread=t.spread, flops=count,
+            gflops=count / t.median / 1e9, min_bytes=moved, gbytes_s=moved / t.median / 1e9,
+            shape=layer.describe(), timing=t,
         )
-        if flops in gemm_rate:
-            res.gemm_gflops = gemm_rate[flops]
-            res.ratio_gemm = gemm_rate[flops] / res.gflops
+        if count in gemms:
+            res.gemm_gflops = gemms[count] / timings[f"gemm:{count}"].median / 1e9
+            res.ratio_gemm = res.gemm_gflops / res.gflops
         if memory:
             if progress is not None:
-                progress(f"{tag} | memory {task.path}:{task.pass_}")
-            with _forced(task):
+                progress(f"{tag} | memory {task.key}")
+            with _settled(task.path):
                 res.mem_alloc_mb = alloc_peak(task.fn, device) / MB
                 res.mem_rss_mb = rss_peak(task.fn, device) / MB
-            _settle(task)
         results.append(res)
     return results
 
 
-def _settle(task: _Task | None) -> None:
-    if task is not None and task.path == "numpy_ref":
-        time.sleep(BLAS_SETTLE_S)
-
-
 def _fill_ratios(results: list[Result]) -> None:
-    best: dict[tuple[str, str], float] = {}
-    for r in results:
-        if r.path in NATIVE_PATHS:
-            key = (r.layer, r.pass_)
-            best[key] = min(best.get(key, math.inf), r.time_ms)
-    for r in results:
-        if (r.layer, r.pass_) in best:
-            r.ratio_native = r.time_ms / best[(r.layer, r.pass_)]
+    """Per-round ratio to the fastest native path, and the A/A band, per (layer, pass)."""
+    for pass_ in dict.fromkeys(r.pass_ for r in results):
+        rows = [r for r in results if r.pass_ == pass_]
+        natives = [r for r in rows if r.path in NATIVE_PATHS]
+        if not natives:
+            continue
+        fastest = min(natives, key=lambda r: r.time_ms)
+        band = aa_band(rows)
+        for r in rows:
+            q = ratio(r.timing, fastest.timing)  # type: ignore[arg-type]
+            r.ratio_native, r.ratio_native_low, r.ratio_native_high = q.median, q.low, q.high
+            r.aa_band = band
 
 
-# ---------------------------------------------------------------------------------- targets
+def aa_pair(rows: Sequence[Result]) -> tuple[Result, Result] | None:
+    """``(native, its forced twin)`` among the rows of one (layer, pass), if both ran."""
+    native = next((r for r in rows if r.path == "native"), None)
+    if native is None:
+        return None
+    twin = registry.TWIN_OF_BACKEND.get(native.backend)
+    other = next((r for r in rows if r.path == twin and r.backend == native.backend), None)
+    return None if other is None else (native, other)
+
+
+def aa_band(rows: Sequence[Result]) -> float:
+    """Noise band of one (layer, pass): the widest per-round gap of its A/A pair (NaN if none).
+
+    The per-round ratios of native and its twin are ideally 1; the band is the largest
+    relative deviation from 1 that they show in this run.
+    """
+    pair = aa_pair(rows)
+    if pair is None:
+        return math.nan
+    q = ratio(pair[0].timing, pair[1].timing)  # type: ignore[arg-type]
+    return max(abs(q.median - 1), abs(q.high - 1), abs(1 / q.low - 1))
+
+
+# ---------------------------------------------------------------------------- comparisons
 
 
 @dataclass
-class Target:
-    """One DESIGN §6 target evaluated on a run: worst and geometric-mean ratio over layers."""
+class Comparison:
+    """A measured ratio of two paths on one layer and pass, with its spread and noise band."""
 
-    name: str
-    limit: float
-    ratios: dict[str, float]
-
-    @property
-    def worst(self) -> float:
-        return max(self.ratios.values()) if self.ratios else math.nan
+    label: str
+    layer: str
+    pass_: str
+    ratio: Ratio
+    band: float
 
     @property
-    def geomean(self) -> float:
-        if not self.ratios:
-            return math.nan
-        return math.exp(statistics.fmean(math.log(v) for v in self.ratios.values()))
-
-    @property
-    def status(self) -> str:
-        if not self.ratios:
-            return "n/a"
-        return "pass" if self.worst <= self.limit else "miss"
+    def verdict(self) -> str:
+        """``slower``/``faster`` outside the A/A band, ``same`` inside, ``?`` with no band."""
+        if math.isnan(self.band):
+            return "?"
+        if self.ratio.low > 1 + self.band:
+            return "slower"
+        if self.ratio.high < 1 / (1 + self.band):
+            return "faster"
+        return "within noise"
 
     def line(self) -> str:
-        if not self.ratios:
-            return f"{self.status:<4}  {self.name}: not measured in this run"
-        per_layer = ", ".join(f"{k} {v:.2f}x" for k, v in self.ratios.items())
-        return (
-            f"{self.status:<4}  {self.name} <= {self.limit:g}x: worst {self.worst:.2f}x, "
-            f"geomean {self.geomean:.2f}x ({per_layer})"
-        )
+        band = "n/a" if math.isnan(self.band) else f"{self.band:.0%}"
+        return (f"{self.label:<34} {self.layer:<10} {self.pass_:<16} {self.ratio!s:<22} "
+                f"A/A band {band:<5} {self.verdict}")
 
 
-def targets(results: Sequence[Result], pass_: str = "backward") -> list[Target]:
-    """The three DESIGN §6 performance targets, on the full ``backward`` pass by default.
+COMPARISONS: tuple[tuple[str, str, str | None, str], ...] = (
+    # label, path, baseline path (None: the fastest native path), pass
+    ("reference / fastest native", "reference", None, "backward"),
+    ("thnn / aten slow (forward+backward)", "thnn", "slow", "forward_backward"),
+    ("thnn / aten slow (backward only)", "thnn", "slow", "backward"),
+    ("numpy_ref / aten slow", "numpy_ref", "slow", "backward"),
+    ("mkldnn / native (A/A)", "mkldnn", "native", "backward"),
+)
 
-    * thnn.conv2d_backward vs the forced slow path (ATen's ``_slow_conv2d_backward``) <= 1.25x;
-    * reference.convolution_backward vs the fastest native path <= 2x;
-    * numpy_ref im2col backward vs the forced slow path <= 3x.
-    """
-    table = {(r.layer, r.path): r for r in results if r.pass_ == pass_}
-    layers = list(dict.fromkeys(r.layer for r in results if r.pass_ == pass_))
 
-    def ratios(path: str, base: str | None) -> dict[str, float]:
-        out = {}
+def comparisons(results: Sequence[Result]) -> list[Comparison]:
+    """The standard ratios of a run (:data:`COMPARISONS`), per layer, where both sides ran."""
+    out = []
+    layers = list(dict.fromkeys(r.layer for r in results))
+    table = {(r.layer, r.pass_, r.path): r for r in results}
+    for label, path, base, pass_ in COMPARISONS:
         for layer in layers:
-            mine = table.get((layer, path))
-            if mine is None:
+            mine = table.get((layer, pass_, path))
+            rows = [r for r in results if (r.layer, r.pass_) == (layer, pass_)]
+            if mine is None or mine.timing is None:
                 continue
             if base is None:
-                if not math.isnan(mine.ratio_native):
-                    out[layer] = mine.ratio_native
-            elif (layer, base) in table:
-                out[layer] = mine.time_ms / table[(layer, base)].time_ms
-        return out
-
-    return [
-        Target("thnn.conv2d_backward / aten slow", 1.25, ratios("thnn", "slow")),
-        Target("reference.convolution_backward / fastest native", 2.0, ratios("reference", None)),
-        Target("numpy_ref.convolution_backward / aten slow", 3.0, ratios("numpy_ref", "slow")),
-    ]
+                natives = [r for r in rows if r.path in NATIVE_PATHS]
+                other = min(natives, key=lambda r: r.time_ms) if natives else None
+            else:
+                other = table.get((layer, pass_, base))
+            if other is None or other.timing is None:
+                continue
+            out.append(Comparison(label, layer, pass_, ratio(mine.timing, other.timing),
+                                  aa_band(rows)))
+    return out
 
 
-# ---------------------------------------------------------------------------------- output
+def noise_warnings(results: Sequence[Result]) -> list[str]:
+    """Lines about A/A pairs and round spreads above :data:`AA_WARN`/:data:`SPREAD_WARN`."""
+    lines = []
+    seen = set()
+    for r in results:
+        key = (r.layer, r.pass_)
+        if key not in seen and r.aa_band > AA_WARN:
+            seen.add(key)
+            lines.append(f"warning: {r.layer}/{r.pass_}: A/A pair differs by up to "
+                         f"{r.aa_band:.0%} (> {AA_WARN:.0%}); differences smaller than "
+                         "that are noise")
+        if r.round_spread > SPREAD_WARN:
+            lines.append(f"warning: {r.layer}/{r.pass_}/{r.path}: rounds spread "
+                         f"{r.round_spread:.0%} of the median (> {SPREAD_WARN:.0%})")
+    return lines
+
+
+# --------------------------------------------------------------------------------- output
 
 
 def format_table(results: Sequence[Result]) -> str:
-    """A fixed-width text table of the main columns."""
-    head = (
-        f"{'layer':<11}{'pass':<16}{'path':<10}{'backend':<16}{'ms':>9}{'GFLOP/s':>9}"
-        f"{'x native':>9}{'x gemm':>8}{'alloc MB':>9}{'rss MB':>8}"
-    )
+    """A fixed-width text table: median, round range, rates, ratio to native, memory."""
+    head = (f"{'layer':<10} {'pass':<16} {'path':<9} {'backend':<15} {'ms':>8} "
+            f"{'range ms':>15} {'GFLOP/s':>8} {'GB/s':>6} {'x native':>8} {'alloc MB':>8}")
     lines = [head, "-" * len(head)]
     for r in results:
+        spread = f"{r.min_ms:.3g}-{r.max_ms:.3g}"
         lines.append(
-            f"{r.layer:<11}{r.pass_:<16}{r.path:<10}{r.backend:<16}{r.time_ms:>9.2f}"
-            f"{r.gflops:>9.1f}{r.ratio_native:>9.2f}{r.ratio_gemm:>8.2f}"
-            f"{r.mem_alloc_mb:>9.1f}{r.mem_rss_mb:>8.1f}"
+            f"{r.layer:<10} {r.pass_:<16} {r.path:<9} {r.backend:<15} {r.time_ms:>8.3g} "
+            f"{spread:>15} {r.gflops:>8.1f} {r.gbytes_s:>6.1f} {r.ratio_native:>8.2f} "
+            f"{r.mem_alloc_mb:>8.1f}"
         )
     return "\n".join(lines)
 
 
-def write(report: Report, out_dir: str | Path) -> tuple[Path, Path]:
+def check_out_dir(out_dir: str | os.PathLike[str]) -> FilePath:
+    """Create ``out_dir`` if needed and prove it writable now (``ValueError`` if not)."""
+    out = FilePath(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / f".convlab-write-test-{os.getpid()}"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as err:
+        raise ValueError(f"out: cannot write to {str(out)!r} ({err.strerror or err})") from None
+    return out
+
+
+def write(report: Report, out_dir: str | os.PathLike[str]) -> tuple[FilePath, FilePath]:
     """Write ``bench.csv`` and ``bench.json`` into ``out_dir``; return their paths."""
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    out = check_out_dir(out_dir)
     csv_path, json_path = out / "bench.csv", out / "bench.json"
     with open(csv_path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=COLUMNS)
@@ -749,118 +580,31 @@ def write(report: Report, out_dir: str | Path) -> tuple[Path, Path]:
     payload = {
         "meta": report.meta,
         "columns": list(COLUMNS),
-        "results": [{k: clean(v) for k, v in r.row().items()} for r in report.results],
+        "results": [
+            {**{k: clean(v) for k, v in r.row().items()},
+             "rounds_ms": [s * 1e3 for s in r.timing.rounds] if r.timing else []}
+            for r in report.results
+        ],
         "skipped": [asdict(s) for s in report.skipped],
-        "targets": [
-            {"name": t.name, "limit": t.limit, "status": t.status, "worst": clean(t.worst),
-             "geomean": clean(t.geomean), "ratios": t.ratios}
-            for t in targets(report.results)
+        "comparisons": [
+            {"label": c.label, "layer": c.layer, "pass": c.pass_, "ratio": c.ratio.median,
+             "low": c.ratio.low, "high": c.ratio.high, "aa_band": clean(c.band),
+             "verdict": c.verdict}
+            for c in comparisons(report.results)
         ],
     }
     json_path.write_text(json.dumps(payload, indent=1, allow_nan=False) + "\n")
     return csv_path, json_path
 
 
-def read_csv(path: str | Path) -> list[dict[str, str]]:
+def read_csv(path: str | os.PathLike[str]) -> list[dict[str, str]]:
     """Rows of a ``bench.csv`` as dicts of strings."""
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
 
 
-# ----------------------------------------------------------------------- profiling helpers
-
-
-# -------------------------------------------------------------------------------------- CLI
-
-
-def _names(text: str) -> list[str]:
-    return [item.strip() for item in text.split(",") if item.strip()]
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="convlab bench",
-        description="Time every convolution path (native, forced backends, convlab's own) "
-        "side by side with torch.utils.benchmark; write CSV and JSON.",
-        epilog=FLOP_FORMULA + ". " + MEMORY_METHOD + ".",
-    )
-    parser.add_argument("--quick", action="store_true",
-                        help=f"layers {','.join(QUICK_LAYERS)}, 2 rounds, short timings")
-    parser.add_argument("--layers", type=_names, help="comma-separated layer names (see --list)")
-    parser.add_argument("--paths", type=_names, help=f"comma-separated, from {','.join(PATHS)}")
-    parser.add_argument("--passes", type=_names, help=f"comma-separated, from {','.join(PASSES)}")
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--threads", type=int, default=None,
-                        help="torch threads (default: torch's current count)")
-    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
-    parser.add_argument("--rounds", type=int, default=None, help="interleaved rounds (3; quick 2)")
-    parser.add_argument("--min-run-time", type=float, default=None,
-                        help="seconds per blocked_autorange (0.1; quick 0.02)")
-    parser.add_argument("--no-memory", action="store_true", help="skip memory measurements")
-    parser.add_argument("--out", default="bench-results", help="output folder for CSV and JSON")
-    parser.add_argument("--list", action="store_true", help="list the suite's layers and exit")
-    return parser
-
-
-def _progress_printer(stream: object) -> Callable[[str], None]:
-    tty = hasattr(stream, "isatty") and stream.isatty()
-    last = [""]
-
-    def show(message: str) -> None:
-        if tty:
-            print(f"\r{message:<78.78}", end="", file=stream, flush=True)
-        elif message.split(" | ")[0] != last[0]:  # one line per layer in logs
-            last[0] = message.split(" | ")[0]
-            print(last[0], file=stream, flush=True)
-
-    return show
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """``convlab bench``: run, print a table and the targets, write CSV and JSON."""
-    parser = build_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
-    if args.list:
-        for layer in SUITE:
-            print(f"{layer.name:<11} {layer.describe():<44} {layer.note}")
-        return 0
-    layers = args.layers if args.layers is not None else (
-        list(QUICK_LAYERS) if args.quick else None
-    )
-    rounds = args.rounds if args.rounds is not None else (2 if args.quick else 3)
-    min_run_time = args.min_run_time if args.min_run_time is not None else (
-        0.02 if args.quick else 0.1
-    )
-    dtype = getattr(torch, args.dtype)
-    if layers is not None:
-        try:
-            suite_layers(layers)
-        except ValueError as err:
-            parser.error(str(err))
-    progress = _progress_printer(sys.stderr)
-    start = time.perf_counter()
-    try:
-        report = benchmark(
-            layers, args.paths, args.passes, args.device, dtype, args.threads, rounds,
-            min_run_time, memory=not args.no_memory, progress=progress,
-        )
-    except (ValueError, TypeError) as err:
-        parser.error(str(err))
-    if sys.stderr.isatty():
-        print(file=sys.stderr)
-    meta = report.meta
-    print(
-        f"convlab bench: torch {meta['torch']}, device {meta['device']}, "
-        f"threads {meta['threads']}, {meta['dtype']}, {rounds} rounds x "
-        f"blocked_autorange({min_run_time:g} s), best round median "
-        f"({time.perf_counter() - start:.0f} s)"
-    )
-    print(format_table(report.results))
-    for skip in report.skipped:
-        print(f"skipped {skip.layer}/{skip.path}: {skip.reason}")
-    print("\nDESIGN targets (full backward; time ratio, lower is better):")
-    for target in targets(report.results):
-        print("  " + target.line())
-    csv_path, json_path = write(report, args.out)
-    print(f"\nwrote {csv_path} and {json_path}")
-    return 0
+    """``convlab bench``: see :func:`convlab.cli.bench_main`."""
+    from convlab.cli import bench_main
+
+    return bench_main(argv)

@@ -1,19 +1,25 @@
 """The ``convlab`` command (also ``python -m convlab``).
 
-Each subcommand lives in the module that owns the concept and exposes
-``main(argv: list[str]) -> int``; this file only routes to it.
+Each subcommand exposes ``main(argv: list[str]) -> int`` in the module that owns the
+concept; this file routes to it and holds the ``bench`` command's options. Arguments are
+checked before any work: a bad one is a one-line error and exit status 2. An interrupted
+``bench`` (Ctrl-C) writes the layers it finished and exits with status 130.
 """
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
+import time
+from collections.abc import Callable, Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("convlab.doctor", "environment, backends, a quick correctness check of every path"),
     "trace": ("convlab.dispatch", "the ATen ops (and backend) of a conv layer's forward+backward"),
-    "bench": ("convlab.bench", "time every path side by side (torch.utils.benchmark)"),
+    "bench": ("convlab.bench", "time every path side by side (interleaved rounds, A/A band)"),
 }
+INTERRUPTED = 130
 
 
 def usage() -> str:
@@ -36,3 +42,139 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(COMMANDS[name][0])
     return int(module.main(rest) or 0)
+
+
+def names(text: str) -> list[str]:
+    """A comma-separated option as a list of names (``""`` gives an empty list)."""
+    return [item.strip() for item in text.split(",") if item.strip()]
+
+
+def int_arg(text: str) -> int:
+    """An integer option (argparse turns the ValueError into a usage error)."""
+    return int(text)
+
+
+# ---------------------------------------------------------------------------------- bench
+
+
+def bench_parser() -> argparse.ArgumentParser:
+    """The options of ``convlab bench``."""
+    from convlab import bench
+
+    parser = argparse.ArgumentParser(
+        prog="convlab bench",
+        description="Time every convolution path (native, forced backends, convlab's own) "
+        "side by side in interleaved rounds, with an A/A pair for the noise band; write CSV "
+        "and JSON.",
+        epilog=bench.FLOP_FORMULA + ". " + bench.MEMORY_METHOD + ".",
+    )
+    parser.add_argument("--quick", action="store_true",
+                        help=f"layers {','.join(bench.QUICK_LAYERS)}, passes backward and "
+                        "forward_backward, no memory")
+    parser.add_argument("--layers", type=names, help="comma-separated layer names (see --list)")
+    parser.add_argument("--paths", type=names,
+                        help=f"comma-separated, from {','.join(bench.PATHS)}")
+    parser.add_argument("--passes", type=names,
+                        help=f"comma-separated, from {','.join(bench.PASSES)}")
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    parser.add_argument("--threads", type=int_arg, default=None,
+                        help="torch and NumPy BLAS threads (default: torch's current count)")
+    parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
+    parser.add_argument("--rounds", type=int_arg, default=5, help="interleaved rounds (5)")
+    parser.add_argument("--min-run-time", type=float, default=0.1,
+                        help="seconds per blocked_autorange block (0.1)")
+    parser.add_argument("--no-memory", action="store_true", help="skip memory measurements")
+    parser.add_argument("--out", default="bench-results", help="output folder for CSV and JSON")
+    parser.add_argument("--list", action="store_true", help="list the suite's layers and exit")
+    return parser
+
+
+def _progress_printer(stream: object) -> Callable[[str], None]:
+    tty = hasattr(stream, "isatty") and stream.isatty()
+    last = [""]
+
+    def show(message: str) -> None:
+        if tty:
+            print(f"\r{message:<78.78}", end="", file=stream, flush=True)
+        elif message.split(" | ")[0] != last[0]:  # one line per layer in logs
+            last[0] = message.split(" | ")[0]
+            print(last[0], file=stream, flush=True)
+
+    return show
+
+
+def bench_main(argv: Sequence[str] | None = None) -> int:
+    """``convlab bench``: check the options, run, print tables and ratios, write files."""
+    import torch
+
+    from convlab import bench
+
+    parser = bench_parser()
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    if args.list:
+        for layer in bench.SUITE:
+            print(f"{layer.name:<11} {layer.describe():<44} {layer.note}")
+        return 0
+    layers = args.layers if args.layers is not None else (
+        list(bench.QUICK_LAYERS) if args.quick else None)
+    passes = args.passes if args.passes is not None else (
+        ["backward", "forward_backward"] if args.quick else None)
+    memory = not (args.no_memory or args.quick)
+    try:  # every argument, before any work
+        bench._resolve_layers(layers)
+        bench._check_choice(args.paths, bench.PATHS, "paths")
+        bench._check_choice(passes, bench.PASSES, "passes")
+        device = bench.check_device(args.device)
+        threads = bench.check_threads(torch.get_num_threads() if args.threads is None
+                                      else args.threads)
+        if args.rounds < 1:
+            raise ValueError(f"rounds must be a positive int, got {args.rounds}")
+        if not 0 < args.min_run_time < 60:
+            raise ValueError(f"min-run-time must be in (0, 60) seconds, got {args.min_run_time}")
+        bench.check_out_dir(args.out)
+    except (ValueError, TypeError) as err:
+        print(f"convlab bench: error: {err}", file=sys.stderr)
+        return 2
+    report = bench.Report()
+    start = time.perf_counter()
+    status = 0
+    try:
+        bench.benchmark(layers, args.paths, passes, device, getattr(torch, args.dtype), threads,
+                        args.rounds, args.min_run_time, memory=memory,
+                        progress=_progress_printer(sys.stderr), report=report)
+    except KeyboardInterrupt:
+        status = INTERRUPTED
+        report.meta["interrupted"] = True
+    if sys.stderr.isatty():
+        print(file=sys.stderr)
+    _print_report(report, args.rounds, args.min_run_time, time.perf_counter() - start)
+    csv_path, json_path = bench.write(report, args.out)
+    if status:
+        print(f"\ninterrupted: wrote the {len(report.results)} results finished so far to "
+              f"{csv_path} and {json_path}")
+    else:
+        print(f"\nwrote {csv_path} and {json_path}")
+    return status
+
+
+def _print_report(report: object, rounds: int, min_run_time: float, seconds: float) -> None:
+    from convlab import bench
+
+    meta = report.meta  # type: ignore[attr-defined]
+    results = report.results  # type: ignore[attr-defined]
+    print(f"convlab bench: torch {meta.get('torch')}, device {meta.get('device')}, "
+          f"torch threads {meta.get('threads')}, {meta.get('numpy_blas_threads')}, "
+          f"{meta.get('dtype')}; median of {rounds} interleaved rounds x "
+          f"blocked_autorange({min_run_time:g} s), range = min-max over rounds "
+          f"({seconds:.0f} s)")
+    print(bench.format_table(results))
+    for skip in report.skipped:  # type: ignore[attr-defined]
+        print(f"skipped {skip.layer}/{skip.path}: {skip.reason}")
+    rows = bench.comparisons(results)
+    if rows:
+        print("\nmeasured ratios (median of per-round ratios, min-max over rounds; "
+              "'within noise' = inside the A/A band of native vs its forced twin):")
+        for c in rows:
+            print("  " + c.line())
+    for line in bench.noise_warnings(results):
+        print(line)

@@ -17,8 +17,10 @@ band that an A/A pair (the same kernel reached two ways) shows in the same run.
 
 from __future__ import annotations
 
+import contextlib
 import statistics
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
@@ -63,6 +65,7 @@ def interleaved(
     rounds: int = 5,
     min_run_time: float = 0.1,
     threads: int | None = None,
+    around: Mapping[str, Callable[[], AbstractContextManager[object]]] | None = None,
 ) -> dict[str, Timing]:
     """Time every callable in ``fns`` in ``rounds`` interleaved rounds.
 
@@ -71,6 +74,9 @@ def interleaved(
         rounds: number of rounds (>= 1); each times every candidate once.
         min_run_time: seconds of ``blocked_autorange`` per candidate and round.
         threads: torch threads for the timed calls (default: the current setting).
+        around: name -> context-manager factory entered around that candidate's warm-up
+            and each of its ``blocked_autorange`` blocks (e.g. a forced backend), so
+            that its set-up is not timed.
 
     Returns:
         name -> :class:`Timing`, in the order of ``fns``.
@@ -80,14 +86,24 @@ def interleaved(
     if not min_run_time > 0:
         raise ValueError(f"min_run_time must be positive, got {min_run_time!r}")
     threads = torch.get_num_threads() if threads is None else threads
-    for fn in fns.values():
-        fn()
+    around = dict(around or {})
+    unknown = set(around) - set(fns)
+    if unknown:
+        raise ValueError(f"around names unknown candidates: {sorted(unknown)}")
+
+    def context(name: str) -> AbstractContextManager[object]:
+        return around[name]() if name in around else contextlib.nullcontext()
+
+    for name, fn in fns.items():
+        with context(name):
+            fn()
     per_round: dict[str, list[float]] = {name: [] for name in fns}
     calls: dict[str, int] = dict.fromkeys(fns, 0)
     for _ in range(rounds):
         for name, fn in fns.items():
             timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
-            m = timer.blocked_autorange(min_run_time=min_run_time)
+            with context(name):
+                m = timer.blocked_autorange(min_run_time=min_run_time)
             per_round[name].append(m.median)
             calls[name] += m.number_per_run * len(m.times)
     return {name: Timing(name, tuple(per_round[name]), calls[name] // rounds)
@@ -102,3 +118,51 @@ def noise_band(a: Timing, b: Timing) -> float:
 def differs(x: Timing, y: Timing, band: float) -> bool:
     """Whether the medians of ``x`` and ``y`` differ by more than ``band`` (relative)."""
     return abs(x.median - y.median) / min(x.median, y.median) > band
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """Time ratio x / y: median of the per-round ratios and their range.
+
+    Rounds are interleaved, so round ``i`` of ``x`` and of ``y`` ran side by side; the
+    per-round ratio cancels a slow phase of the machine that both saw.
+    """
+
+    median: float
+    low: float
+    high: float
+
+    def __str__(self) -> str:
+        return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
+
+
+def ratio(x: Timing, y: Timing) -> Ratio:
+    """Per-round ratio ``x / y`` of two candidates of one :func:`interleaved` run."""
+    if len(x.rounds) != len(y.rounds):
+        raise ValueError(f"{x.name} and {y.name} have different round counts")
+    per_round = [a / b for a, b in zip(x.rounds, y.rounds, strict=True)]
+    return Ratio(statistics.median(per_round), min(per_round), max(per_round))
+
+
+@contextlib.contextmanager
+def blas_threads(threads: int) -> Iterator[str]:
+    """Limit NumPy's BLAS (and OpenMP pools threadpoolctl sees) to ``threads`` inside the block.
+
+    Yields a description of what was limited, for reports. Without ``threadpoolctl``
+    installed nothing is limited and the description says so.
+    """
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        yield "NumPy BLAS threads: library default (threadpoolctl not installed)"
+        return
+    with threadpool_limits(limits=threads, user_api="blas"):
+        libs = sorted({f"{info['internal_api']}={info['num_threads']}"
+                       for info in _blas_info()})
+        yield f"NumPy BLAS threads: {threads} via threadpoolctl ({', '.join(libs) or 'none'})"
+
+
+def _blas_info() -> list[dict[str, object]]:
+    from threadpoolctl import threadpool_info
+
+    return [info for info in threadpool_info() if info.get("user_api") == "blas"]

@@ -32,3 +32,48 @@ def test_summaries():
 def test_bad_arguments(kwargs):
     with pytest.raises(ValueError):
         interleaved({"a": lambda: None}, **kwargs)
+
+
+def test_around_holds_a_context_per_candidate():
+    import contextlib
+
+    state = {"held": False}
+    seen: list[bool] = []
+
+    @contextlib.contextmanager
+    def hold():
+        state["held"] = True
+        yield
+        state["held"] = False
+
+    result = interleaved({"a": lambda: seen.append(state["held"]), "b": lambda: None},
+                         rounds=2, min_run_time=0.001, around={"a": hold})
+    assert seen and all(seen) and not state["held"]
+    assert set(result) == {"a", "b"}
+    with pytest.raises(ValueError, match="unknown candidates"):
+        interleaved({"a": lambda: None}, around={"z": hold})
+
+
+def test_ratio_is_per_round():
+    from convlab.timing import ratio
+
+    x = Timing("x", (2.0, 4.0, 6.0), 1)
+    y = Timing("y", (1.0, 4.0, 2.0), 1)
+    r = ratio(x, y)
+    assert (r.median, r.low, r.high) == (2.0, 1.0, 3.0)
+    with pytest.raises(ValueError):
+        ratio(x, Timing("z", (1.0,), 1))
+
+
+def test_blas_threads_reports_what_it_limited():
+    pytest.importorskip("threadpoolctl")
+    from threadpoolctl import threadpool_info
+
+    from convlab.timing import blas_threads
+
+    before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+    with blas_threads(1) as text:
+        inside = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
+        assert "threadpoolctl" in text
+    assert all(n == 1 for n in inside)
+    assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before

@@ -1,23 +1,31 @@
-"""N-d im2col and col2im with torch ops: the data movement behind every GEMM convolution.
+"""N-d im2col / col2im and im2row / row2im with torch ops: the data movement behind GEMM
+convolution.
 
-The columns layout is ``[G, C/G * prod(kernel), N * L]``: one matrix per group whose rows
-are (input channel, kernel offset) pairs and whose columns are (sample, output position)
-pairs, ``L = prod(out_size)``. With all samples of a batch (or of a chunk of it, see
-:mod:`convlab.reference`) in one matrix, a convolution's forward, grad_input and
-grad_weight are each a single batched GEMM over the groups.
+Both pairs unfold every window of the (zero-padded) input into one vector; they differ in
+which axis of the matrix holds the windows:
 
-``im2col`` is a chain of views (pad, one ``unfold`` per spatial dimension, a strided slice
-for dilation) followed by one copy. ``col2im`` is its adjoint: one strided slice-add per
-kernel offset into a zero-padded input, so overlapping windows are summed. (Undoing the
-views with ``unfold_backward``, the adjoint of ``unfold``, avoids that Python loop but is
-4-5x slower on CPU: its kernel is a scalar loop with integer divisions per element.)
+* :func:`im2col` gives **columns** ``[G, C/G * prod(kernel), N * L]``: one matrix per group,
+  rows are (input channel, kernel offset) pairs, columns are (sample, output position)
+  pairs, ``L = prod(out_size)``. This is the transpose, with the batch folded into the
+  columns, of ``torch.nn.functional.unfold``'s per-sample ``[C * prod(kernel), L]``.
+* :func:`im2row` gives **rows** ``[G, N * L, prod(kernel) * C/G]``: one row per (sample,
+  output position), columns are (kernel offset, input channel) pairs with the channel
+  varying fastest. It is built from a channels-last copy of the input, so every window
+  copies runs of ``C/G`` contiguous values, and the GEMMs that read it have the long
+  ``N * L`` dimension on the outside, the shape BLAS handles best.
+
+With all samples of a batch (or of a chunk of it, see :mod:`convlab.reference`) in one
+matrix, a convolution's forward, grad_input and grad_weight are each a single batched GEMM
+over the groups. :func:`col2im` and :func:`row2im` are the adjoints: they add every entry
+back onto the input element it was copied from (overlapping windows sum), one strided
+slice-add per kernel offset.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -34,18 +42,44 @@ def _pad_arg(padding: Ints) -> list[int]:
     return [p for pad in reversed(padding) for p in (pad, pad)]
 
 
-def _windows(
-    x: torch.Tensor, kernel: Ints, out_size: Ints, stride: Ints, padding: Ints, dilation: Ints
-) -> torch.Tensor:
-    """View ``x`` ``[N, C, *S]`` as windows ``[N, C, *out_size, *kernel]`` (copies only to pad)."""
+def _check_dims(kernel: Ints, out_size: Ints, stride: Ints, padding: Ints, dilation: Ints,
+                shape: Ints) -> None:
     dim = len(kernel)
-    if any(padding):
-        x = F.pad(x, _pad_arg(padding))
+    for name, v in (("out_size", out_size), ("stride", stride), ("padding", padding),
+                    ("dilation", dilation)):
+        if len(v) != dim:
+            raise ValueError(f"{name} must have {dim} entries (one per kernel dimension), "
+                             f"got {list(v)}")
+    if len(shape) != dim + 2:
+        raise ValueError(f"the input must be [N, C, *size] with {dim} spatial dimensions, "
+                         f"got shape {list(shape)}")
+
+
+def tap_windows(
+    kernel: Ints, out_size: Ints, stride: Ints, dilation: Ints
+) -> Iterator[tuple[tuple[int, ...], tuple[slice, ...]]]:
+    """For every kernel offset, the spatial slices of the *padded* input that it reads.
+
+    Yields ``(offset, slices)``; ``padded_input[..., *slices]`` has shape ``[..., *out_size]``
+    and holds, at output position ``o``, the element ``o * stride + offset * dilation``.
+    """
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        yield offset, tuple(
+            slice(o * d, o * d + (size - 1) * st + 1, st)
+            for o, d, size, st in zip(offset, dilation, out_size, stride, strict=True)
+        )
+
+
+def _windows(
+    x: torch.Tensor, kernel: Ints, out_size: Ints, stride: Ints, dilation: Ints, first: int
+) -> torch.Tensor:
+    """View the (already padded) spatial dims ``first .. first+dim`` of ``x`` as windows:
+    each spatial dim becomes ``out_size[i]``, a kernel dim ``kernel[i]`` is appended."""
     extent = _extent(kernel, dilation)
-    for i in range(dim):
+    for i in range(len(kernel)):
         # unfold appends the window dimension last; it may yield more windows than out_size
         # (a transposed conv whose output_padding >= stride), so keep the first out_size.
-        x = x.unfold(2 + i, extent[i], stride[i]).narrow(2 + i, 0, out_size[i])
+        x = x.unfold(first + i, extent[i], stride[i]).narrow(first + i, 0, out_size[i])
     if any(d > 1 for d in dilation):
         x = x[(..., *(slice(None, None, d) for d in dilation))]
     return x
@@ -62,16 +96,21 @@ def im2col(
 ) -> torch.Tensor:
     """Unfold ``x`` ``[N, C, *S]`` into columns ``[G, C/G * prod(kernel), N * prod(out_size)]``.
 
-    ``out_size`` is the number of windows per spatial dimension (normally the conv's output
-    size; it may be smaller than what fits).
+    Row ``c * prod(kernel) + flat(offset)`` of group ``g`` holds channel ``g * C/G + c`` at
+    that kernel offset; column ``n * L + flat(position)`` is sample ``n``'s window at that
+    output position. ``out_size`` is the number of windows per spatial dimension (normally
+    the conv's output size; it may be smaller than what fits). Padding reads as zero.
 
     >>> x = torch.arange(16.0).view(1, 1, 4, 4)
     >>> im2col(x, (3, 3), (2, 2), (1, 1), (0, 0), (1, 1), 1).shape
     torch.Size([1, 9, 4])
     """
+    _check_dims(kernel, out_size, stride, padding, dilation, x.shape)
     dim = len(kernel)
     n, c = x.shape[:2]
-    win = _windows(x, kernel, out_size, stride, padding, dilation)
+    if any(padding):
+        x = F.pad(x, _pad_arg(padding))
+    win = _windows(x, kernel, out_size, stride, dilation, first=2)  # [N, C, *O, *k]
     # [N, C, *O, *k] -> [C, *k, N, *O]; the reshape is the one copy.
     order = [1, *range(2 + dim, 2 + 2 * dim), 0, *range(2, 2 + dim)]
     rows = c // groups * math.prod(kernel)
@@ -90,7 +129,8 @@ def col2im(
     """Sum columns ``[G, C/G * prod(kernel), N * prod(out_size)]`` back into ``[N, C, *S]``.
 
     The adjoint of :func:`im2col` with the same arguments: every input element receives the
-    sum of the column entries that were copied from it. Returns a contiguous tensor.
+    sum of the column entries that were copied from it (entries that read padding are
+    dropped). Returns a new contiguous tensor; differentiable by autograd.
 
     >>> x = torch.ones(1, 1, 3, 3)
     >>> cols = im2col(x, (2, 2), (2, 2), (1, 1), (0, 0), (1, 1), 1)
@@ -99,18 +139,95 @@ def col2im(
             [2., 4., 2.],
             [1., 2., 1.]])
     """
+    _check_dims(kernel, out_size, stride, padding, dilation, input_shape)
     n, c = input_shape[:2]
     spatial = list(input_shape[2:])
     padded = [s + 2 * p for s, p in zip(spatial, padding, strict=True)]
     g = cols.reshape(c, *kernel, n, *out_size)
-    out = cols.new_zeros(n, c, *padded)
+    out = cols.new_zeros(c, n, *padded)
     # One strided slice-add per kernel offset: the rows of that offset go back to the input
     # positions they were copied from (stride apart, shifted by offset * dilation).
-    for offset in itertools.product(*(range(k) for k in kernel)):
-        window = [slice(o * d, o * d + (size - 1) * st + 1, st)
-                  for o, d, size, st in zip(offset, dilation, out_size, stride, strict=True)]
-        out.transpose(0, 1)[(slice(None), slice(None), *window)] += g[(slice(None), *offset)]
-    for i, (p, s) in enumerate(zip(padding, spatial, strict=True)):
-        if p:
-            out = out.narrow(2 + i, p, s)
-    return out.contiguous()
+    for offset, window in tap_windows(kernel, out_size, stride, dilation):
+        out[(slice(None), slice(None), *window)].add_(g[(slice(None), *offset)])
+    crop = tuple(slice(p, p + s) for p, s in zip(padding, spatial, strict=True))
+    return out[(slice(None), slice(None), *crop)].transpose(0, 1).contiguous()
+
+
+def _channels_last_padded(x: torch.Tensor, padding: Ints) -> torch.Tensor:
+    """``[N, C, *S]`` -> zero-padded ``[N, *(S + 2 * padding), C]`` (one copy)."""
+    spatial = x.shape[2:]
+    padded = [s + 2 * p for s, p in zip(spatial, padding, strict=True)]
+    out = x.new_zeros(x.shape[0], *padded, x.shape[1])
+    inner = tuple(slice(p, p + s) for p, s in zip(padding, spatial, strict=True))
+    out[(slice(None), *inner)] = x.movedim(1, -1)
+    return out
+
+
+def im2row(
+    x: torch.Tensor,
+    kernel: Ints,
+    out_size: Ints,
+    stride: Ints,
+    padding: Ints,
+    dilation: Ints,
+    groups: int,
+) -> torch.Tensor:
+    """Unfold ``x`` ``[N, C, *S]`` into rows ``[G, N * prod(out_size), prod(kernel) * C/G]``.
+
+    Row ``n * L + flat(position)`` of group ``g`` is sample ``n``'s window at that output
+    position; column ``flat(offset) * C/G + c`` holds channel ``g * C/G + c`` at that kernel
+    offset. Padding reads as zero; ``out_size`` may be smaller than what fits.
+
+    >>> x = torch.arange(16.0).view(1, 1, 4, 4)
+    >>> im2row(x, (3, 3), (2, 2), (1, 1), (0, 0), (1, 1), 1).shape
+    torch.Size([1, 4, 9])
+    """
+    _check_dims(kernel, out_size, stride, padding, dilation, x.shape)
+    dim = len(kernel)
+    n, c = x.shape[:2]
+    xl = _channels_last_padded(x, padding)
+    win = _windows(xl, kernel, out_size, stride, dilation, first=1)  # [N, *O, C, *k]
+    win = win.unflatten(1 + dim, (groups, c // groups))  # [N, *O, G, C/G, *k]
+    # -> [G, N, *O, *k, C/G]; the reshape is the one copy (C/G values contiguous in xl).
+    order = [1 + dim, 0, *range(1, 1 + dim), *range(3 + dim, 3 + 2 * dim), 2 + dim]
+    return win.permute(order).reshape(
+        groups, n * math.prod(out_size), math.prod(kernel) * (c // groups))
+
+
+def row2im(
+    rows: torch.Tensor,
+    input_shape: Ints,
+    kernel: Ints,
+    out_size: Ints,
+    stride: Ints,
+    padding: Ints,
+    dilation: Ints,
+) -> torch.Tensor:
+    """Sum rows ``[G, N * prod(out_size), prod(kernel) * C/G]`` back into ``[N, C, *S]``.
+
+    The adjoint of :func:`im2row` with the same arguments. Only entries that were copied
+    from the input are added (never a product with a padding zero). Returns a new
+    contiguous tensor; differentiable by autograd.
+
+    >>> x = torch.ones(1, 1, 3, 3)
+    >>> rows = im2row(x, (2, 2), (2, 2), (1, 1), (0, 0), (1, 1), 1)
+    >>> row2im(rows, x.shape, (2, 2), (2, 2), (1, 1), (0, 0), (1, 1))[0, 0]
+    tensor([[1., 2., 1.],
+            [2., 4., 2.],
+            [1., 2., 1.]])
+    """
+    _check_dims(kernel, out_size, stride, padding, dilation, input_shape)
+    dim = len(kernel)
+    n, c = input_shape[:2]
+    groups = rows.shape[0]
+    spatial = list(input_shape[2:])
+    padded = [s + 2 * p for s, p in zip(spatial, padding, strict=True)]
+    # [G, N*L, k*C/G] -> view [N, *O, *k, G, C/G] (no copy)
+    g = rows.reshape(groups, n, *out_size, *kernel, c // groups)
+    g = g.permute(*range(1, 2 + 2 * dim), 0, 2 + 2 * dim)
+    out = rows.new_zeros(n, *padded, groups, c // groups)
+    every = (slice(None),) * (1 + dim)  # N and the output positions
+    for offset, window in tap_windows(kernel, out_size, stride, dilation):
+        out[(slice(None), *window)].add_(g[(*every, *offset)])
+    crop = tuple(slice(p, p + s) for p, s in zip(padding, spatial, strict=True))
+    return out[(slice(None), *crop)].flatten(-2).movedim(-1, 1).contiguous()

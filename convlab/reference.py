@@ -4,27 +4,34 @@ Each function has the signature, argument order and return tuple of its ``torch.
 twin (``convolution``, ``convolution_backward``, ``_convolution_double_backward``), works for
 1-d, 2-d and 3-d convolutions with stride, padding, dilation, groups, ``transposed`` and
 ``output_padding``, and never calls a native convolution kernel: everything is an N-d
-im2col (:mod:`convlab.im2col`), one batched GEMM over the groups, and an N-d col2im.
+im2row (:func:`convlab.im2col.im2row`), one batched GEMM over the groups, and an N-d
+row2im.
 
-Three GEMMs make a convolution. With columns ``X = im2col(x)`` ``[G, C/G*k, N*L]``, the
-weight as ``W`` ``[G, K/G, C/G*k]`` and the output as ``Y`` ``[G, K/G, N*L]``:
+Three GEMMs make a convolution. With the rows ``X = im2row(x)`` ``[G, N*L, k*C/G]`` (one
+row per sample and output position), the weight as ``W`` ``[G, K/G, k*C/G]`` and the
+output gradient as ``dY`` ``[G, N*L, K/G]``:
 
-* forward: ``Y = W @ X``;
-* grad_input: ``col2im(W^T @ dY)``;
-* grad_weight: ``dY @ X^T`` (sums over the batch and the positions at once).
+* forward: ``Y = X @ Wᵀ``;
+* grad_input: ``row2im(dY @ W)`` (a scatter-add: each product lands on the input element
+  it came from);
+* grad_weight: ``dYᵀ @ X`` (sums over the batch and the positions at once).
 
-The batch goes through these GEMMs in chunks of samples whose columns fit in
-``CHUNK_BYTES`` (grad_weight adds up the chunks' products), which keeps large batches fast.
+The batch goes through these GEMMs in chunks of samples whose rows fit in ``CHUNK_BYTES``
+(grad_weight adds up the chunks' products), so the peak memory stays bounded.
 
-With stride 1, grad_input is also a plain convolution (of the padded ``dY`` with the
-flipped kernel); that gather form replaces the GEMM + col2im scatter when it is not larger.
+Depthwise convolutions (one input channel per group) make these GEMMs degenerate (inner
+dimension ``k``), so they take a direct form instead: a sum over the kernel offsets of
+strided slices of the input times one weight per channel.
 
 A transposed convolution's forward is the grad_input of a normal one, so its backward swaps
 the roles: its grad_input is a normal forward, its grad_weight a normal grad_weight with
 input and grad_output exchanged.
 
-All functions take any float dtype the device's matmul supports; device and dtype follow
-the inputs, and the forward is differentiable by autograd.
+Products with padding zeros happen exactly where ATen's slow kernels make them (forward and
+grad_weight read zero-padded windows; grad_input never multiplies a padding zero), so NaN
+and inf propagate as in ATen. All functions take any float dtype the device's matmul
+supports; device and dtype follow the inputs, and every function is differentiable by
+autograd (inputs may require grad).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from convlab.im2col import col2im, im2col
+from convlab.im2col import im2row, row2im, tap_windows
 from convlab.params import (
     ConvParams,
     IntOrSeq,
@@ -62,60 +69,75 @@ Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 # output [N, K, *O]; `p` holds stride/padding/dilation/groups (transposed is ignored).
 
 
-def _as_matrices(y: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[N, K, *O]`` -> ``[G, K/G, N*L]`` (one copy)."""
+def _output_rows(y: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[N, K, *O]`` -> ``[G, N*L, K/G]`` (one copy)."""
     n, k, positions = y.shape[0], y.shape[1], math.prod(y.shape[2:])
-    per_group = k // groups
-    return (
-        y.reshape(n, groups, per_group, positions)
-        .permute(1, 2, 0, 3)
-        .reshape(groups, per_group, n * positions)
-    )
+    return (y.reshape(n, groups, k // groups, positions)
+            .permute(1, 0, 3, 2).reshape(groups, n * positions, k // groups))
 
 
-def _weight_matrix(w: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[K, C/G, *k]`` -> ``[G, K/G, C/G*k]`` (a view when ``w`` is contiguous)."""
-    return w.reshape(groups, w.shape[0] // groups, -1)
+def _weight_rows(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[K, C/G, *k]`` -> ``[G, K/G, k*C/G]``, columns ordered as :func:`im2row`'s."""
+    k, c_g = w.shape[:2]
+    return w.reshape(groups, k // groups, c_g, -1).transpose(2, 3).reshape(groups, k // groups, -1)
 
 
-# Columns of a whole batch can be large (8 x 64*9 x 56*56 floats = 58 MB), so the GEMMs run
-# over chunks of samples whose columns stay under CHUNK_BYTES, as ATen's slow path does per
-# sample. Why 8 MB: glibc serves blocks over 32 MB (its largest mmap threshold) with fresh
-# pages on every call (page faults + zeroing, ~15 ms for 58 MB) where a smaller block is
-# reused from the heap, and a chunk stays in cache between its im2col and its GEMM, while
-# the GEMMs stay large (2-16 MB measured about equally fast on CPU, 32 MB slower).
+def _weight_from_rows(gw: torch.Tensor, weight_shape: Sequence[int]) -> torch.Tensor:
+    """Inverse of :func:`_weight_rows`: ``[G, K/G, k*C/G]`` -> ``[K, C/G, *k]``."""
+    k, c_g, *kernel = weight_shape
+    return gw.reshape(k, math.prod(kernel), c_g).transpose(1, 2).reshape(weight_shape)
+
+
+def _outputs_from_rows(y: torch.Tensor, n: int, out_size: Sequence[int]) -> torch.Tensor:
+    """``[G, n*L, K/G]`` -> ``[n, K, *out_size]`` (one copy)."""
+    g, _, k_g = y.shape
+    positions = math.prod(out_size)
+    return (y.reshape(g, n, positions, k_g).permute(1, 0, 3, 2)
+            .reshape(n, g * k_g, *out_size))
+
+
+# The rows of a whole batch are prod(kernel) times the input (8 x 64*9 x 56*56 floats are
+# 58 MB), so the GEMMs run over chunks of samples whose rows stay under CHUNK_BYTES, as
+# ATen's slow path works per sample: the peak memory stays bounded, a chunk's rows are
+# reused by the allocator for the next chunk, while each GEMM stays large.
 CHUNK_BYTES = 8 * 2**20
 
 
-def _chunks(n: int, rows: int, positions: int, dtype: torch.dtype) -> list[slice]:
-    """As few batch slices as possible, of about equal size (at least one sample each), whose
-    columns ``[rows, n * positions]`` take at most ``CHUNK_BYTES``; one for an empty batch."""
-    most = max(1, CHUNK_BYTES // max(1, rows * positions * dtype.itemsize))
+def _chunks(n: int, row_bytes: int) -> list[slice]:
+    """As few batch slices as possible, of about equal size (at least one sample each),
+    whose rows take at most ``CHUNK_BYTES`` (``row_bytes`` per sample); one for N = 0."""
+    most = max(1, CHUNK_BYTES // max(1, row_bytes))
     step = max(1, math.ceil(n / max(1, math.ceil(n / most))))
     return [slice(i, i + step) for i in range(0, max(n, 1), step)]
 
 
-def _column_gemms(
+def _is_depthwise(w: torch.Tensor, groups: int) -> bool:
+    """One input channel per group (in normal-conv roles): the direct form applies."""
+    return groups > 1 and w.shape[1] == 1
+
+
+def _row_gemms(
     x: torch.Tensor, kernel: Sequence[int], out_size: Sequence[int], p: ConvParams,
     w: torch.Tensor | None = None, gy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The GEMMs that read the columns ``X = im2col(x)``, made chunk by chunk: the forward
-    ``W @ X`` ``[N, K, *out_size]`` if ``w`` is given, the weight gradient ``dY @ X^T``
-    ``[G, K/G, C/G*k]`` if ``gy`` ``[N, K, *out_size]`` is given (else None)."""
-    rows, positions = x.shape[1] * math.prod(kernel), math.prod(out_size)
-    w_mat = None if w is None else _weight_matrix(w, p.groups)  # once: it may be a copy
-    ys, gw = [], None
-    for s in _chunks(x.shape[0], rows, positions, x.dtype):
-        cols = im2col(x[s], kernel, out_size, p.stride, p.padding, p.dilation, p.groups)
-        if w is not None:
-            y = torch.matmul(w_mat, cols)  # [G, K/G, n*L]
-            ys.append(y.reshape(w.shape[0], -1, *out_size).transpose(0, 1))
-        if gy is not None:  # X @ dY^T = (dY @ X^T)^T: MKL is faster with X on the left
-            term = torch.matmul(cols, _as_matrices(gy[s], p.groups).transpose(1, 2))
-            gw = term if gw is None else gw + term
-        del cols  # free it before the next chunk's im2col, so that its memory is reused
-    y = torch.cat(ys) if w is not None else None  # cat: one copy to [N, K, *O]
-    return y, (gw.transpose(1, 2) if gw is not None else None)
+    """The GEMMs that read the rows ``X = im2row(x)``, made chunk by chunk: the forward
+    ``X @ Wᵀ`` ``[N, K, *out_size]`` if ``w`` is given, the weight gradient ``dYᵀ @ X``
+    ``[G, K/G, k*C/G]`` if ``gy`` ``[N, K, *out_size]`` is given (else None)."""
+    n, g = x.shape[0], p.groups
+    row_bytes = math.prod(out_size) * x.shape[1] * math.prod(kernel) * x.element_size()
+    w_t = None if w is None else _weight_rows(w, g).transpose(1, 2)  # [G, k*C/G, K/G]
+    ys, gw, y = [], None, None
+    for s in _chunks(n, row_bytes):
+        rows = im2row(x[s], kernel, out_size, p.stride, p.padding, p.dilation, g)
+        if w_t is not None:
+            ys.append(_outputs_from_rows(torch.bmm(rows, w_t), x[s].shape[0], out_size))
+        if gy is not None:
+            term = _output_rows(gy[s], g).transpose(1, 2)  # [G, K/G, n*L]
+            gw = torch.bmm(term, rows) if gw is None else torch.baddbmm(gw, term, rows)
+        del rows  # free it before the next chunk's im2row, so that its memory is reused
+    if w is not None:
+        y = torch.cat(ys) if len(ys) > 1 else ys[0]
+    return y, gw
 
 
 def _forward(
@@ -123,7 +145,9 @@ def _forward(
 ) -> torch.Tensor:
     """Normal convolution ``[N, C, *S] -> [N, K, *out_size]``; ``out_size`` may be smaller
     than the full output (then only the first positions are computed)."""
-    y, _ = _column_gemms(x, w.shape[2:], out_size, p, w=w)
+    if _is_depthwise(w, p.groups):
+        return _depthwise_forward(x, w, out_size, p)
+    y, _ = _row_gemms(x, w.shape[2:], out_size, p, w=w)
     assert y is not None
     return y
 
@@ -132,52 +156,93 @@ def _grad_weight(
     gy: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], p: ConvParams
 ) -> torch.Tensor:
     """Weight gradient ``[K, C/G, *k]`` of a normal conv for ``gy`` ``[N, K, *O]``."""
-    _, gw = _column_gemms(x, weight_shape[2:], gy.shape[2:], p, gy=gy)
+    if p.groups > 1 and weight_shape[1] == 1:
+        return _depthwise_grad_weight(gy, x, weight_shape, p)
+    _, gw = _row_gemms(x, weight_shape[2:], gy.shape[2:], p, gy=gy)
     assert gw is not None
-    return gw.reshape(weight_shape)
+    return _weight_from_rows(gw, weight_shape)
 
 
 def _grad_input(
     gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams
 ) -> torch.Tensor:
-    """Input gradient ``[N, C, *S]`` of a normal conv for ``gy`` ``[N, K, *O]``.
-
-    ``O`` may be smaller than the full output size.
-    """
+    """Input gradient ``[N, C, *S]`` of a normal conv for ``gy`` ``[N, K, *O]``:
+    ``row2im(dY @ W)``, chunk by chunk. ``O`` may be smaller than the full output size."""
+    if _is_depthwise(w, p.groups):
+        return _depthwise_grad_input(gy, w, input_shape, p)
     kernel, out_size = w.shape[2:], gy.shape[2:]
-    # The gather form unfolds gy (C_out rows per kernel offset), the scatter form writes
-    # C_in rows per offset and then sums them: take the gather unless it has more rows.
-    if all(s == 1 for s in p.stride) and w.shape[0] <= input_shape[1]:
-        return _grad_input_unit_stride(gy, w, input_shape, p)
-    w_t = _weight_matrix(w, p.groups).transpose(1, 2)
+    w_rows = _weight_rows(w, p.groups)  # [G, K/G, k*C/G]
+    row_bytes = math.prod(out_size) * input_shape[1] * math.prod(kernel) * gy.element_size()
     parts = []
-    for s in _chunks(gy.shape[0], input_shape[1] * math.prod(kernel), math.prod(out_size),
-                     gy.dtype):
+    for s in _chunks(gy.shape[0], row_bytes):
         chunk = gy[s]
-        gcols = torch.matmul(w_t, _as_matrices(chunk, p.groups))
+        grad_rows = torch.bmm(_output_rows(chunk, p.groups), w_rows)  # [G, n*L, k*C/G]
         shape = (chunk.shape[0], *input_shape[1:])
-        parts.append(col2im(gcols, shape, kernel, out_size, p.stride, p.padding, p.dilation))
-    return torch.cat(parts) if len(parts) > 1 else parts[0]  # col2im's are contiguous
+        parts.append(row2im(grad_rows, shape, kernel, out_size, p.stride, p.padding,
+                            p.dilation))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]  # row2im's are contiguous
 
 
-def _grad_input_unit_stride(
+# ---------------------------------------------------------------------------------------
+# Depthwise (C/G = 1): no GEMM, one strided multiply-add per kernel offset.
+# `x` [N, G, *S], `w` [G*M, 1, *k] (M outputs per input channel), `gy` [N, G*M, *O].
+
+
+def _padded(x: torch.Tensor, padding: Sequence[int]) -> torch.Tensor:
+    return F.pad(x, [v for pad in reversed(padding) for v in (pad, pad)]) if any(padding) else x
+
+
+def _depthwise_forward(
+    x: torch.Tensor, w: torch.Tensor, out_size: Sequence[int], p: ConvParams
+) -> torch.Tensor:
+    """``y[n, g*M + m] = sum over offsets of w[g*M + m, 0, offset] * x_pad[n, g, window]``."""
+    n, g, dim = x.shape[0], p.groups, p.dim
+    m = w.shape[0] // g
+    taps = w.reshape(g, m, -1)  # [G, M, k]
+    ones = (1,) * dim
+    xp = _padded(x, p.padding)
+    y = x.new_zeros(n, g, m, *out_size)
+    for t, (_, window) in enumerate(tap_windows(w.shape[2:], out_size, p.stride, p.dilation)):
+        y.addcmul_(xp[(slice(None), slice(None), *window)].unsqueeze(2),
+                   taps[:, :, t].reshape(1, g, m, *ones))
+    return y.reshape(n, g * m, *out_size)
+
+
+def _depthwise_grad_input(
     gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams
 ) -> torch.Tensor:
-    """With stride 1, grad_input is itself a convolution: of ``gy`` padded by
-    ``dilation * (k - 1) - padding`` with the flipped kernel, input and output channels
-    swapped within each group. A gather (im2col) is cheaper than col2im's scatter-add."""
-    g, dim = p.groups, p.dim
-    kernel, out_size, size = w.shape[2:], gy.shape[2:], input_shape[2:]
-    pads = []
-    for k, o, s, pad, d in zip(kernel, out_size, size, p.padding, p.dilation, strict=True):
-        left = d * (k - 1) - pad
-        pads.append((left, s + d * (k - 1) - o - left))  # negative values crop
-    gy = F.pad(gy, [v for pair in reversed(pads) for v in pair])
-    c_out, c_in_g = w.shape[:2]
-    w_t = (w.reshape(g, c_out // g, c_in_g, *kernel).transpose(1, 2)
-           .reshape(g * c_in_g, c_out // g, *kernel).flip(list(range(2, 2 + dim))))
-    unit = ConvParams.create(dim, 1, 0, p.dilation, False, 0, g)
-    return _forward(gy, w_t, size, unit)
+    """Scatter form: each offset adds ``w * gy`` onto the input window it read."""
+    n, g, dim = gy.shape[0], p.groups, p.dim
+    m = w.shape[0] // g
+    out_size, spatial = gy.shape[2:], input_shape[2:]
+    taps = w.reshape(g, m, -1)
+    gyv = gy.reshape(n, g, m, *out_size)
+    ones = (1,) * dim
+    padded = [s + 2 * pad for s, pad in zip(spatial, p.padding, strict=True)]
+    gi = gy.new_zeros(n, g, *padded)
+    for t, (_, window) in enumerate(tap_windows(w.shape[2:], out_size, p.stride, p.dilation)):
+        target = gi[(slice(None), slice(None), *window)]
+        if m == 1:
+            target.addcmul_(gyv[:, :, 0], taps[:, 0, t].reshape(1, g, *ones))
+        else:
+            target.add_((gyv * taps[:, :, t].reshape(1, g, m, *ones)).sum(2))
+    crop = tuple(slice(pad, pad + s) for pad, s in zip(p.padding, spatial, strict=True))
+    return gi[(slice(None), slice(None), *crop)].contiguous()
+
+
+def _depthwise_grad_weight(
+    gy: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], p: ConvParams
+) -> torch.Tensor:
+    """``gw[g*M + m, 0, offset] = sum over n and positions of gy * x_pad[window]``."""
+    n, g = x.shape[0], p.groups
+    m = weight_shape[0] // g
+    out_size = gy.shape[2:]
+    gyv = gy.reshape(n, g, m, *out_size)
+    xp = _padded(x, p.padding)
+    reduce = (0, *range(3, 3 + p.dim))
+    taps = [(gyv * xp[(slice(None), slice(None), *window)].unsqueeze(2)).sum(reduce)
+            for _, window in tap_windows(weight_shape[2:], out_size, p.stride, p.dilation)]
+    return torch.stack(taps, -1).reshape(weight_shape)  # [G, M, k] -> [G*M, 1, *k]
 
 
 def _bias_view(bias: torch.Tensor, dim: int) -> torch.Tensor:
@@ -263,14 +328,19 @@ def convolution_backward(
     check_bias_sizes(bias_sizes, out_channels)
 
     grad_input = grad_weight = grad_bias = None
-    if p.transposed and (mask[0] or mask[1]):
+    if p.transposed and (mask[0] or mask[1]) and not _is_depthwise(weight, p.groups):
         # Normal-conv roles: "input" is grad_output (x-space), "grad_output" is input. Both
-        # gradients read the columns of grad_output: one pass makes them once.
-        grad_input, grad_weight = _column_gemms(
+        # gradients read the rows of grad_output: one pass makes them once.
+        grad_input, grad_weight = _row_gemms(
             grad_output, weight.shape[2:], input.shape[2:], p,
             w=weight if mask[0] else None, gy=input if mask[1] else None)
         if grad_weight is not None:
-            grad_weight = grad_weight.reshape(weight.shape)
+            grad_weight = _weight_from_rows(grad_weight, weight.shape)
+    elif p.transposed:
+        if mask[0]:
+            grad_input = _forward(grad_output, weight, input.shape[2:], p)
+        if mask[1]:
+            grad_weight = _grad_weight(input, grad_output, weight.shape, p)
     else:
         if mask[0]:
             grad_input = _grad_input(grad_output, weight, input.shape, p)
@@ -394,13 +464,15 @@ def convolution_jvp(
                 raise ValueError(f"{name}_t is given but {name}_p is None")
             _check_like(tangent, primal, f"{name}_t", f"{name}_p")
     out_shape = p.output_shape(tuple(input_p.shape), tuple(weight_p.shape))
+    # Out of place: under vmap (torch.func.jacfwd, hessian) the tangents are batched and the
+    # zeros are not, and an in-place add cannot grow a tensor.
     tangent = input_p.new_zeros(out_shape)
     if input_t is not None:
-        tangent += convolution(input_t, weight_p, None, *args)
+        tangent = tangent + convolution(input_t, weight_p, None, *args)
     if weight_t is not None:
-        tangent += convolution(input_p, weight_t, None, *args)
+        tangent = tangent + convolution(input_p, weight_t, None, *args)
     if bias_t is not None:
-        tangent += _bias_view(bias_t, p.dim)
+        tangent = tangent + _bias_view(bias_t, p.dim)
     return tangent
 
 

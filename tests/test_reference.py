@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 from conftest import devices
-from hypothesis import assume, given
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -258,18 +258,18 @@ def test_autograd_of_forward_matches_backward() -> None:
 def test_chunks_cover_the_batch_in_equal_bounded_slices(monkeypatch) -> None:
     monkeypatch.setattr(reference, "CHUNK_BYTES", 100)
     for n in (0, 1, 5, 7, 32):
-        for per_sample in (1, 30, 40, 100, 1000):  # bytes of one sample's columns
-            slices = reference._chunks(n, per_sample, 1, torch.uint8)
+        for per_sample in (1, 30, 40, 100, 1000):  # bytes of one sample's rows
+            slices = reference._chunks(n, per_sample)
             covered = [i for s in slices for i in range(n)[s]]
             assert covered == list(range(n))
-            most = max(1, 100 // per_sample)  # samples whose columns fit in CHUNK_BYTES
+            most = max(1, 100 // per_sample)  # samples whose rows fit in CHUNK_BYTES
             assert len(slices) == max(1, math.ceil(n / most))  # as few chunks as possible
             assert all(len(range(n)[s]) <= most for s in slices)
 
 
 CHUNKED = [  # batches of 5 so that the chunks (1 to 3 samples) leave a remainder
     Case(5, 4, 6, (11,), (3,), stride=2, padding=1, dilation=2, groups=2),  # 1-d, scatter
-    Case(5, 4, 4, (7, 6), (3, 2), padding=1),  # stride 1: grad_input is the gather form
+    Case(5, 4, 4, (7, 6), (3, 2), padding=1),  # stride 1
     Case(5, 4, 6, (9, 8), (3, 3), stride=(2, 1), padding=(1, 2), dilation=(1, 2), groups=2),
     Case(5, 4, 6, (5, 4), (3, 2), stride=(2, 3), padding=(1, 0), dilation=(1, 2), groups=2,
          transposed=True, output_padding=(1, 2)),
@@ -279,7 +279,7 @@ CHUNKED = [  # batches of 5 so that the chunks (1 to 3 samples) leave a remainde
 
 # From one sample per chunk to chunks of 2 or 3 samples plus a remainder, depending on the case.
 @pytest.mark.parametrize("chunk_bytes", [1, 1_500, 10_000, 20_000, 30_000])
-@pytest.mark.parametrize("case", CHUNKED, ids=["1d", "2d-gather", "2d", "2d-transposed", "3d"])
+@pytest.mark.parametrize("case", CHUNKED, ids=["1d", "2d-stride1", "2d", "2d-transposed", "3d"])
 def test_chunked_batch_matches_aten(case: Case, chunk_bytes: int, monkeypatch) -> None:
     monkeypatch.setattr(reference, "CHUNK_BYTES", chunk_bytes)
     run_both(case)
@@ -476,3 +476,135 @@ def test_convolution_jvp_bad_tangents_name_the_argument() -> None:
         reference.convolution_jvp(x, None, w, None, None, torch.zeros(3, dtype=w.dtype), *args)
     with pytest.raises(TypeError, match="input_t has dtype torch.float32"):
         reference.convolution_jvp(x, x.float(), w, None, None, None, *args)
+
+
+# --- NaN and inf propagate as in ATen -----------------------------------------------------
+
+INF = float("inf")
+
+
+def test_inf_weight_of_a_stride1_transposed_conv_gives_a_number() -> None:
+    """Regression: the stride-1 grad_input path used to multiply padding zeros by inf."""
+    x = torch.ones(1, 1, 3, dtype=torch.float64)
+    w = torch.tensor([[[INF, 1.0]]], dtype=torch.float64)
+    expected = aten.convolution(x, w, None, [1], [0], [1], True, [0], 1)
+    assert expected[0, 0, -1].item() == 1.0  # ATen's own value, not NaN
+    torch.testing.assert_close(reference.convolution(x, w, None, 1, 0, 1, True, 0, 1), expected)
+    # the same data path: grad_input of a normal stride-1 conv with an inf weight
+    w_n = torch.tensor([[[1.0, INF]]], dtype=torch.float64)
+    gy = torch.ones(1, 1, 2, dtype=torch.float64)
+    exp = aten.convolution_backward(gy, x, w_n, None, [1], [0], [1], False, [0], 1,
+                                    [True, False, False])[0]
+    act = reference.convolution_backward(gy, x, w_n, None, 1, 0, 1, False, 0, 1,
+                                         [True, False, False])[0]
+    torch.testing.assert_close(act, exp, equal_nan=True)
+
+
+def _sprinkle(t: torch.Tensor, seed: int) -> torch.Tensor:
+    """A copy of ``t`` with about 15% +inf, 10% -inf and 5% NaN entries."""
+    u = torch.rand(t.shape, generator=torch.Generator().manual_seed(seed), dtype=t.dtype)
+    out = t.clone()
+    out[u < 0.15] = INF
+    out[(u >= 0.15) & (u < 0.25)] = -INF
+    out[(u >= 0.25) & (u < 0.30)] = float("nan")
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(cases(), st.sampled_from(["input", "weight", "grad_output", "input+weight"]),
+       st.integers(0, 2**16))
+def test_hypothesis_nan_and_inf_match_aten(case: Case, where: str, seed: int) -> None:
+    """Forward and backward agree with ATen including the position of every NaN and inf."""
+    x, w, b = case.tensors()
+    if "input" in where:
+        x = _sprinkle(x, seed)
+    if "weight" in where:
+        w = _sprinkle(w, seed + 1)
+    args = case.args()
+    y = aten.convolution(x, w, b, *args)
+    torch.testing.assert_close(reference.convolution(x, w, b, *args), y, equal_nan=True,
+                               **TIGHT)
+    gy = torch.randn_like(y)
+    if where == "grad_output":
+        gy = _sprinkle(gy, seed + 2)
+    mask = [True, True, True]
+    expected = aten.convolution_backward(gy, x, w, None, *args, mask)
+    actual = reference.convolution_backward(gy, x, w, None, *args, mask)
+    for a, e in zip(actual, expected, strict=True):
+        torch.testing.assert_close(a, e, equal_nan=True, **TIGHT)
+
+
+# --- inputs that require grad -------------------------------------------------------------
+
+def test_requires_grad_regressions() -> None:
+    """Regression: in-place adds on tensors that autograd tracks used to raise."""
+    x = torch.randn(1, 2, 5, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(2, 1, 1, dtype=torch.float64, requires_grad=True)
+    y = reference.convolution(x, w, None, 1, 0, 1, True, 0, 1)  # 1x1 transposed
+    torch.testing.assert_close(y, aten.convolution(x, w, None, [1], [0], [1], True, [0], 1))
+    # a normal backward with C_out > C_in whose grad_output requires grad
+    x2 = torch.randn(1, 1, 5, dtype=torch.float64)
+    w2 = torch.randn(3, 1, 2, dtype=torch.float64)
+    gy = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
+    gi = reference.convolution_backward(gy, x2, w2, None, 1, 0, 1, False, 0, 1,
+                                        [True, False, False])[0]
+    gi.sum().backward()
+    assert gy.grad is not None
+    # double backward with create_graph through the forward (1x1 transposed)
+    (g_x,) = torch.autograd.grad(y.square().sum(), x, create_graph=True)
+    g_x.sum().backward()
+    assert w.grad is not None
+
+
+# Tiny cases of each kind (normal, transposed, depthwise, 1-d/3-d): gradcheck is expensive.
+DIFFERENTIABLE = [
+    Case(1, 2, 3, (5,), (2,), stride=1, padding=1),
+    Case(1, 2, 2, (3, 3), (2, 2), stride=2, padding=1, transposed=True, output_padding=1),
+    Case(1, 2, 2, (4, 3), (3, 2), padding=1, groups=2),  # depthwise
+    Case(1, 2, 4, (3, 3), (2, 2), stride=2, groups=2, transposed=True),  # depthwise transposed
+    Case(1, 1, 2, (3, 2, 2), (2, 1, 2), padding=(1, 0, 0), bias=False),
+]
+
+
+@pytest.mark.parametrize("case", DIFFERENTIABLE, ids=str)
+def test_every_function_is_differentiable(case: Case) -> None:
+    """With every input requiring grad, each function gives ATen's values and autograd
+    through it is numerically right (first and second order)."""
+    x, w, b = case.tensors()
+    args = case.args()
+    y = aten.convolution(x, w, b, *args)
+    gy = torch.randn_like(y)
+    xs = [t.requires_grad_() for t in (x, w, gy)]
+    expected = aten.convolution_backward(gy, x, w, None, *args, [True, True, False])
+    actual = reference.convolution_backward(gy, x, w, None, *args, [True, True, False])
+    for a, e in zip(actual[:2], expected[:2], strict=True):
+        torch.testing.assert_close(a, e, **TIGHT)
+    assert torch.autograd.gradcheck(
+        lambda gy, x, w: reference.convolution_backward(gy, x, w, None, *args,
+                                                        [True, True, False])[:2],
+        (xs[2], xs[0], xs[1]))
+    assert torch.autograd.gradgradcheck(
+        lambda x, w: reference.convolution(x, w, None, *args), (xs[0], xs[1]))
+    ggI, ggW = torch.randn_like(x), torch.randn_like(w)
+    assert torch.autograd.gradcheck(
+        lambda ggI, ggW: tuple(t for t in reference.convolution_double_backward(
+            ggI, ggW, None, gy.detach(), w.detach(), x.detach(), *args, [True] * 3)
+            if t is not None),
+        (ggI.requires_grad_(), ggW.requires_grad_()))
+
+
+# --- depthwise (direct form) --------------------------------------------------------------
+
+DEPTHWISE = [
+    Case(2, 4, 4, (9,), (3,), stride=2, padding=1, groups=4),
+    Case(2, 3, 3, (8, 7), (3, 3), stride=(2, 1), padding=(1, 2), dilation=(2, 1), groups=3),
+    Case(2, 2, 6, (6, 6), (5, 3), padding=2, groups=2),  # channel multiplier 3
+    Case(2, 3, 3, (4, 4), (3, 3), stride=2, padding=1, groups=3, transposed=True,
+         output_padding=1),
+    Case(1, 2, 2, (3, 4, 3), (2, 3, 2), stride=(1, 2, 1), padding=1, groups=2),
+]
+
+
+@pytest.mark.parametrize("case", DEPTHWISE, ids=str)
+def test_depthwise_matches_aten(case: Case) -> None:
+    run_both(case)

@@ -1,0 +1,389 @@
+"""Which C++ function computed a convolution's backward, traced from the binary.
+
+The profiler and ``TorchDispatchMode`` see ATen *ops*; the backends' backward kernels are
+plain C++ functions below ``aten::convolution_backward`` (reached through ``DispatchStub``
+function-pointer tables), so neither sees them. ``libtorch_cpu.so`` keeps its function
+symbols, so a debugger can: :func:`trace_kernels` runs a small Python program under ``gdb``
+in batch mode, puts a breakpoint on each backward kernel of :data:`CPU_KERNELS` (and
+:data:`CUDA_KERNELS` when ``libtorch_cuda.so`` is present), and records, for each
+:class:`ConvCase`, the ordered functions its ``.backward()`` entered, e.g. for a float64
+dilated convolution::
+
+    convolution_backward -> _convolution_backward_nogroup_backend
+        -> slow_conv_dilated2d_backward_cpu
+
+All cases share one debugger session (the program calls ``os.getsid`` before and after
+each backward; a breakpoint there splits the log), and breakpoints are set only once torch
+is imported, so the trace costs one ``import torch`` plus the debugger's symbol load.
+
+:func:`main` is ``convlab trace --kernels``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+# Functions a breakpoint is put on: (name for gdb, short name in the trace). Anonymous
+# namespaces are spelled as gdb demangles them.
+_NATIVE = "at::native::"
+_ANON = "at::native::(anonymous namespace)::"
+CPU_KERNELS: tuple[tuple[str, str], ...] = tuple(
+    (prefix + name, name)
+    for prefix, name in [
+        (_NATIVE, "convolution_backward"),
+        (_NATIVE, "_convolution_backward_nogroup_backend"),
+        (_NATIVE, "convolution_backward_overrideable"),
+        (_NATIVE, "_convolution_double_backward"),
+        (_NATIVE, "slow_conv2d_backward_cpu"),
+        (_NATIVE, "slow_conv2d_backward_out_cpu"),
+        (_NATIVE, "slow_conv3d_backward_cpu"),
+        (_NATIVE, "slow_conv_dilated2d_backward_cpu"),
+        (_NATIVE, "slow_conv_dilated3d_backward_cpu"),
+        (_NATIVE, "slow_conv_transpose2d_backward_cpu"),
+        (_NATIVE, "slow_conv_transpose3d_backward_cpu"),
+        (_ANON, "mkldnn_convolution_backward"),
+        (_ANON, "mkldnn_convolution_transpose_backward"),
+    ]
+)
+# The CUDA kernels (aten/src/ATen/native/cuda and cudnn/); used only when libtorch_cuda.so
+# exists.
+CUDA_KERNELS: tuple[tuple[str, str], ...] = tuple(
+    (_NATIVE + name, name)
+    for name in [
+        "slow_conv2d_backward_cuda",
+        "slow_conv_dilated2d_backward_cuda",
+        "slow_conv_dilated3d_backward_cuda",
+        "slow_conv_transpose2d_backward_cuda",
+        "slow_conv_transpose3d_backward_cuda",
+        "conv_depthwise2d_backward_cuda",
+        "conv_depthwise3d_backward_cuda",
+        "cudnn_convolution_backward",
+        "cudnn_convolution_transpose_backward",
+    ]
+)
+
+# Functions that only choose where to go (Convolution.cpp), not kernels.
+ROUTERS = frozenset({"convolution_backward", "_convolution_backward_nogroup_backend"})
+
+_MARK = "@@MARK"
+_HIT = "@@K "
+
+
+@dataclass(frozen=True)
+class ConvCase:
+    """One convolution whose backward is traced: shapes, dtype, arguments, flags.
+
+    ``disable`` names ``torch.backends`` switches turned off for the forward and the
+    backward (``"mkldnn"``, ``"nnpack"``), which is how a backend is forced.
+    """
+
+    label: str
+    input_shape: tuple[int, ...]
+    weight_shape: tuple[int, ...]
+    dtype: str = "float64"
+    stride: int = 1
+    padding: int = 0
+    dilation: int = 1
+    transposed: bool = False
+    groups: int = 1
+    bias: bool = True
+    disable: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if len(self.input_shape) not in (4, 5) or len(self.weight_shape) != len(
+            self.input_shape
+        ):
+            raise ValueError(
+                f"input_shape and weight_shape must both have 4 or 5 entries, got "
+                f"{self.input_shape} and {self.weight_shape}"
+            )
+        if not isinstance(getattr(torch, self.dtype, None), torch.dtype):
+            raise ValueError(f"dtype must name a torch dtype, got {self.dtype!r}")
+        unknown = set(self.disable) - {"mkldnn", "nnpack"}
+        if unknown:
+            raise ValueError(f"disable accepts 'mkldnn' and 'nnpack', got {sorted(unknown)}")
+
+
+@dataclass
+class KernelTrace:
+    """What one case's backward ran: the backend ATen selected and the functions entered."""
+
+    case: ConvCase
+    backend: str
+    calls: list[str] = field(default_factory=list)
+
+    @property
+    def kernel(self) -> str:
+        """The function that computed the gradients: the first one below the routing
+        functions (:data:`ROUTERS`), else the last one entered."""
+        for name in self.calls:
+            if name not in ROUTERS:
+                return name
+        return self.calls[-1] if self.calls else ""
+
+    @property
+    def path(self) -> str:
+        """The calls joined by arrows."""
+        return " -> ".join(self.calls)
+
+
+# One case per CPU backend this build can select (float64 keeps oneDNN out of the slow ones;
+# N >= 16 with oneDNN off is NNPACK's condition; the oneDNN cases exceed its size bound).
+CPU_CASES: dict[str, ConvCase] = {
+    c.label: c
+    for c in [
+        ConvCase("Slow2d", (2, 3, 8, 8), (4, 3, 3, 3)),
+        ConvCase("SlowDilated2d", (2, 3, 8, 8), (4, 3, 3, 3), dilation=2),
+        ConvCase("Slow3d", (1, 2, 5, 5, 5), (3, 2, 3, 3, 3)),
+        ConvCase("SlowDilated3d", (1, 2, 6, 6, 6), (3, 2, 2, 2, 2), dilation=2),
+        ConvCase("SlowTranspose2d", (2, 3, 6, 6), (3, 4, 3, 3), stride=2, transposed=True),
+        ConvCase("SlowTranspose3d", (1, 2, 4, 4, 4), (2, 3, 2, 2, 2), transposed=True),
+        ConvCase("Mkldnn", (2, 16, 32, 32), (8, 16, 3, 3), dtype="float32"),
+        ConvCase("MkldnnTranspose", (2, 16, 32, 32), (16, 8, 3, 3), dtype="float32",
+                 transposed=True),
+        ConvCase("NnpackSpatial", (16, 3, 8, 8), (4, 3, 3, 3), dtype="float32",
+                 disable=("mkldnn",)),
+        ConvCase("Empty", (0, 3, 8, 8), (4, 3, 3, 3)),
+    ]
+}
+# The function each backend's backward is expected to end in (aten/src/ATen/native/
+# Convolution.cpp, convolution_backward and _convolution_backward_nogroup_backend).
+EXPECTED_CPU_KERNEL: dict[str, str] = {
+    "Slow2d": "slow_conv2d_backward_cpu",
+    "SlowDilated2d": "slow_conv_dilated2d_backward_cpu",
+    "Slow3d": "slow_conv3d_backward_cpu",
+    "SlowDilated3d": "slow_conv_dilated3d_backward_cpu",
+    "SlowTranspose2d": "slow_conv_transpose2d_backward_cpu",
+    "SlowTranspose3d": "slow_conv_transpose3d_backward_cpu",
+    "Mkldnn": "mkldnn_convolution_backward",
+    "MkldnnTranspose": "mkldnn_convolution_transpose_backward",
+    "NnpackSpatial": "slow_conv_dilated2d_backward_cpu",
+    "Empty": "convolution_backward",  # fills zeros itself, no kernel below
+}
+
+# The program run under the debugger: cases come as JSON (argv[1]), the selected backends go
+# to argv[2]. os.kill(SIGTRAP) hands control to the debugger once torch is imported.
+_SNIPPET = """\
+import json, os, signal, sys
+import torch
+import torch.nn.functional as F
+torch.set_num_threads(1)
+cases = json.load(open(sys.argv[1]))
+os.kill(os.getpid(), signal.SIGTRAP)
+FWD = {(4, False): F.conv2d, (5, False): F.conv3d,
+       (4, True): F.conv_transpose2d, (5, True): F.conv_transpose3d}
+chosen = []
+for c in cases:
+    dtype = getattr(torch, c["dtype"])
+    x = torch.randn(c["input_shape"], dtype=dtype, requires_grad=True)
+    w = torch.randn(c["weight_shape"], dtype=dtype, requires_grad=True)
+    out_ch = w.shape[1] * c["groups"] if c["transposed"] else w.shape[0]
+    b = torch.randn(out_ch, dtype=dtype, requires_grad=True) if c["bias"] else None
+    nd = x.dim() - 2
+    args = ([c["stride"]] * nd, [c["padding"]] * nd, [c["dilation"]] * nd)
+    with torch.backends.mkldnn.flags(enabled="mkldnn" not in c["disable"]), \\
+            torch.backends.nnpack.flags(enabled="nnpack" not in c["disable"]):
+        chosen.append(int(torch._C._select_conv_backend(
+            x, w, b, *args, c["transposed"], [0] * nd, c["groups"])))
+        kw = dict(stride=args[0], padding=args[1], dilation=args[2],
+                  groups=c["groups"])
+        y = FWD[x.dim(), c["transposed"]](x, w, b, **kw)
+        g = torch.ones_like(y)
+        os.getsid(0)
+        y.backward(g)
+        os.getsid(0)
+json.dump(chosen, open(sys.argv[2], "w"))
+"""
+
+
+def find_debugger() -> str:
+    """The path of ``gdb`` (or ``cuda-gdb``), or a RuntimeError saying how to get one."""
+    for name in ("gdb", "cuda-gdb"):
+        path = shutil.which(name)
+        if path:
+            return path
+    hint = "`apt-get install gdb` (Debian/Ubuntu; `make test` does it)"
+    if "google.colab" in sys.modules:
+        hint = "`!apt-get install -y gdb` in a cell"
+    raise RuntimeError(f"kernel tracing needs gdb, which is not installed: run {hint}")
+
+
+def ptrace_refusal() -> str | None:
+    """Why this system forbids a debugger to trace a child process, or None when it allows.
+
+    Yama's ``ptrace_scope`` 3 forbids every ptrace; lower values allow tracing one's child.
+    """
+    scope_file = Path("/proc/sys/kernel/yama/ptrace_scope")
+    try:
+        scope = scope_file.read_text().strip()
+    except OSError:
+        return None
+    if scope == "3":
+        return "kernel.yama.ptrace_scope is 3 (no process may be traced); it resets on reboot"
+    return None
+
+
+def _torch_libs() -> dict[str, Path]:
+    lib = Path(torch.__file__).parent / "lib"
+    return {name: lib / f"{name}.so" for name in ("libtorch_cpu", "libtorch_cuda")
+            if (lib / f"{name}.so").exists()}
+
+
+def _gdb_script(libs: Sequence[str], kernels: Sequence[tuple[str, str]]) -> str:
+    lines = [
+        "set pagination off",
+        "set confirm off",
+        "set print thread-events off",
+        "set disable-randomization off",
+        "set breakpoint pending on",
+        "set auto-solib-add off",
+        "run",
+        "sharedlibrary libc.so",
+        *[f"sharedlibrary {name}" for name in libs],
+        "break getsid",
+        "commands", "silent", f'printf "{_MARK}\\n"', "continue", "end",
+    ]
+    for gdb_name, short in kernels:
+        spec = f"'{gdb_name}'" if "(" in gdb_name else gdb_name
+        lines += [f"break {spec}", "commands", "silent", f'printf "{_HIT}{short}\\n"',
+                  "continue", "end"]
+    lines.append("continue")
+    return "\n".join(lines) + "\n"
+
+
+def _split_log(log: str, n_cases: int) -> list[list[str]]:
+    """Per case, the functions hit between its two marks (a repeat in a row shown once:
+    the compiler splits some functions into a hot and a cold part)."""
+    cases: list[list[str]] = []
+    inside = False
+    for line in log.splitlines():
+        if line.startswith(_MARK):
+            inside = not inside
+            if inside:
+                cases.append([])
+        elif line.startswith(_HIT) and inside:
+            name = line[len(_HIT):].strip()
+            if not cases[-1] or cases[-1][-1] != name:
+                cases[-1].append(name)
+    if len(cases) != n_cases or inside:
+        raise RuntimeError(
+            f"the debugger log has {len(cases)} traced backward calls, expected {n_cases}; "
+            f"its last lines:\n" + "\n".join(log.splitlines()[-15:])
+        )
+    return cases
+
+
+def _refused(log: str) -> bool:
+    return "ptrace: Operation not permitted" in log or "Could not trace the inferior" in log
+
+
+def trace_kernels(
+    cases: Sequence[ConvCase], timeout: float = 180.0, debugger: str | None = None
+) -> list[KernelTrace]:
+    """Run each case's forward and ``.backward()`` under gdb; return what each backward ran.
+
+    Returns one :class:`KernelTrace` per case, in order, with the backend ATen selected and
+    the traced functions (:data:`CPU_KERNELS`, plus :data:`CUDA_KERNELS` when present) that
+    the backward entered, outermost first.
+
+    Raises:
+        TypeError: a case is not a :class:`ConvCase`.
+        ValueError: no cases.
+        RuntimeError: gdb is missing, ptrace is refused, or the traced program failed.
+    """
+    cases = list(cases)
+    if not cases:
+        raise ValueError("cases must name at least one ConvCase")
+    for c in cases:
+        if not isinstance(c, ConvCase):
+            raise TypeError(f"cases must be ConvCase objects, got {type(c).__name__}")
+    gdb = debugger or find_debugger()
+    refusal = ptrace_refusal()
+    if refusal:
+        raise RuntimeError(f"kernel tracing needs ptrace, which is refused: {refusal}")
+    from convlab.native import backend_name
+
+    libs = _torch_libs()
+    kernels = list(CPU_KERNELS) + (list(CUDA_KERNELS) if "libtorch_cuda" in libs else [])
+    with tempfile.TemporaryDirectory(prefix="convlab-kernels-") as tmp:
+        work = Path(tmp)
+        (work / "snippet.py").write_text(_SNIPPET)
+        (work / "cases.json").write_text(json.dumps([asdict(c) for c in cases]))
+        (work / "trace.gdb").write_text(_gdb_script(list(libs), kernels))
+        cmd = [gdb, "-q", "-nx", "-batch", "-x", str(work / "trace.gdb"), "--args",
+               sys.executable, str(work / "snippet.py"), str(work / "cases.json"),
+               str(work / "chosen.json")]
+        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
+                              check=False)
+        log = proc.stdout + proc.stderr
+        if _refused(log):
+            raise RuntimeError(
+                "kernel tracing needs ptrace, which this system refuses (in a container, "
+                "run it with --cap-add=SYS_PTRACE):\n" + log[-2000:]
+            )
+        chosen_file = work / "chosen.json"
+        if not chosen_file.exists():
+            raise RuntimeError("the traced program did not finish; gdb said:\n" + log[-3000:])
+        chosen = json.loads(chosen_file.read_text())
+    calls = _split_log(proc.stdout, len(cases))
+    return [KernelTrace(c, backend_name(b), k) for c, b, k in zip(cases, chosen, calls,
+                                                                    strict=True)]
+
+
+def trace_table(traces: Sequence[KernelTrace]) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows (case, selected backend, innermost kernel) for ``Table``."""
+    headers = ["case", "backend", "kernel its backward ran"]
+    return headers, [[t.case.label, t.backend, t.kernel] for t in traces]
+
+
+# --- convlab trace --kernels ---------------------------------------------------------------
+
+
+def case_from_args(args: object) -> ConvCase:
+    """A :class:`ConvCase` from ``convlab trace``'s parsed arguments (square sizes only)."""
+    def one(values: Sequence[int], name: str) -> int:
+        if len(set(values)) != 1:
+            raise ValueError(f"--kernels takes one value for --{name}, got {list(values)}")
+        return int(values[0])
+
+    disable: tuple[str, ...] = ()
+    backend = getattr(args, "backend", None)
+    if backend == "slow":
+        disable = ("mkldnn", "nnpack")
+    elif backend == "nnpack":
+        disable = ("mkldnn",)
+    elif backend not in (None, "mkldnn"):
+        raise ValueError(f"--kernels traces CPU backends only, got --backend {backend}")
+    if getattr(args, "device", "cpu") != "cpu":
+        raise ValueError("--kernels traces CPU tensors only")
+    return ConvCase(
+        label="trace", input_shape=tuple(args.input), weight_shape=tuple(args.weight),
+        dtype=str(args.dtype).removeprefix("torch."), stride=one(args.stride, "stride"),
+        padding=one(args.padding, "padding"), dilation=one(args.dilation, "dilation"),
+        transposed=bool(args.transposed), groups=int(args.groups), bias=not args.no_bias,
+        disable=disable,
+    )
+
+
+def main_from_args(args: object) -> int:
+    """Trace one case built from ``convlab trace`` arguments; print backend and call path."""
+    try:
+        case = case_from_args(args)
+        (trace,) = trace_kernels([case])
+    except (TypeError, ValueError, RuntimeError, subprocess.TimeoutExpired) as exc:
+        print(f"convlab trace --kernels: error: {exc}", file=sys.stderr)
+        return 2
+    print(f"backend: {trace.backend}")
+    print(f"backward ran: {trace.path}")
+    return 0

@@ -1,0 +1,113 @@
+"""convlab.kernels: each CPU backend's backward enters its expected C++ kernel (under gdb)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from convlab import kernels
+from convlab.kernels import (
+    CPU_CASES,
+    EXPECTED_CPU_KERNEL,
+    ConvCase,
+    KernelTrace,
+    trace_kernels,
+)
+from convlab.native import available_backends
+
+needs_gdb = pytest.mark.skipif(
+    shutil.which("gdb") is None and shutil.which("cuda-gdb") is None,
+    reason="gdb is not installed (make test installs it)",
+)
+
+
+def _selectable() -> list[str]:
+    names = [n for n in CPU_CASES if n not in {"Mkldnn", "MkldnnTranspose", "NnpackSpatial"}]
+    if "mkldnn" in available_backends("cpu"):
+        names += ["Mkldnn", "MkldnnTranspose"]
+    if "nnpack" in available_backends("cpu"):
+        names.append("NnpackSpatial")
+    return names
+
+
+@pytest.fixture(scope="module")
+def traces() -> dict[str, KernelTrace]:
+    names = _selectable()
+    start = time.perf_counter()
+    result = trace_kernels([CPU_CASES[n] for n in names])
+    # Reported, not asserted (no timing assertions): one session traces every case.
+    print(f"\nkernel trace of {len(names)} cases: {time.perf_counter() - start:.1f} s")
+    return dict(zip(names, result, strict=True))
+
+
+@needs_gdb
+@pytest.mark.parametrize("name", list(CPU_CASES))
+def test_backend_hits_expected_kernel(traces: dict[str, KernelTrace], name: str) -> None:
+    if name not in traces:
+        pytest.skip(f"{name} is not selectable in this build")
+    trace = traces[name]
+    assert trace.backend == name, "the case no longer selects the backend it is named for"
+    assert trace.calls[0] == "convolution_backward"
+    assert trace.kernel == EXPECTED_CPU_KERNEL[name], trace.path
+
+
+@needs_gdb
+def test_nnpack_backward_is_not_nnpack(traces: dict[str, KernelTrace]) -> None:
+    if "NnpackSpatial" not in traces:
+        pytest.skip("NNPACK is not available in this build")
+    assert not any("nnpack" in c for c in traces["NnpackSpatial"].calls)
+    assert traces["NnpackSpatial"].kernel == traces["SlowDilated2d"].kernel
+
+
+@needs_gdb
+def test_empty_batch_runs_no_kernel(traces: dict[str, KernelTrace]) -> None:
+    assert traces["Empty"].calls == ["convolution_backward"]
+
+
+def test_case_validation() -> None:
+    with pytest.raises(ValueError, match="input_shape"):
+        ConvCase("bad", (1, 2, 3), (1, 2, 3))
+    with pytest.raises(ValueError, match="dtype"):
+        ConvCase("bad", (1, 2, 3, 3), (1, 2, 3, 3), dtype="floaty")
+    with pytest.raises(ValueError, match="disable"):
+        ConvCase("bad", (1, 2, 3, 3), (1, 2, 3, 3), disable=("cudnn",))
+    with pytest.raises(ValueError, match="at least one"):
+        trace_kernels([])
+    with pytest.raises(TypeError, match="ConvCase"):
+        trace_kernels(["Slow2d"])  # type: ignore[list-item]
+
+
+def test_missing_gdb_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels.shutil, "which", lambda name: None)
+    with pytest.raises(RuntimeError, match="apt-get install"):
+        trace_kernels([CPU_CASES["Slow2d"]])
+
+
+def test_refused_ptrace_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernels, "ptrace_refusal", lambda: "ptrace_scope is 3")
+    with pytest.raises(RuntimeError, match="ptrace"):
+        trace_kernels([CPU_CASES["Slow2d"]], debugger="/bin/false")
+
+
+def test_split_log_rejects_a_truncated_log() -> None:
+    log = "@@MARK\n@@K convolution_backward\n@@K convolution_backward\n@@MARK\n@@MARK\n"
+    with pytest.raises(RuntimeError, match="expected 2"):
+        kernels._split_log(log, 2)
+    assert kernels._split_log(log + "@@MARK\n", 2) == [["convolution_backward"], []]
+
+
+def test_case_from_cli_args() -> None:
+    args = SimpleNamespace(
+        input=[2, 3, 8, 8], weight=[4, 3, 3, 3], stride=[1], padding=[0, 0], dilation=[2],
+        transposed=False, groups=1, no_bias=False, dtype=torch.float64, device="cpu",
+        backend="nnpack",
+    )
+    case = kernels.case_from_args(args)
+    assert case.dilation == 2 and case.dtype == "float64" and case.disable == ("mkldnn",)
+    args.stride = [1, 2]
+    with pytest.raises(ValueError, match="--stride"):
+        kernels.case_from_args(args)

@@ -4,10 +4,10 @@ Two views of the same call:
 
 * :class:`OpRecorder`, a ``TorchDispatchMode``: every ATen op that reaches the Python
   dispatcher, with its tensor shapes and, for convolution ops, the backend
-  :func:`convlab.native.select_backend` names. It sees ``aten::convolution`` and
+  :func:`convlab.backends.select_backend` names. It sees ``aten::convolution`` and
   ``aten::convolution_backward`` but not what runs below them (``_convolution``,
   ``mkldnn_convolution``, ...), because those calls happen inside C++ kernels.
-* :func:`profile_ops`, built on ``torch.profiler``: the nested op names, down to the
+* :func:`profile_op_tree`, built on ``torch.profiler``: the nested op names, down to the
   backend's kernel op (``aten::_convolution -> aten::mkldnn_convolution``).
 
 :func:`trace_conv` / :func:`profile_conv` build one convolution and run both passes;
@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from convlab.native import BACKEND_CHOICES, select_backend, use_backend
+from convlab.backends import BACKEND_CHOICES, select_backend, use_backend
 from convlab.params import ConvParams, IntOrSeq
 from convlab.profiling import redirect_fd
 
@@ -115,7 +115,7 @@ def _fmt_shapes(shapes: list[tuple[int, ...]]) -> str:
     return " ".join("[" + ",".join(map(str, s)) + "]" for s in shapes)
 
 
-def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+def format_rows(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A left-aligned plain-text table with a rule under the header."""
     widths = [max(len(str(c)) for c in col) for col in zip(header, *rows, strict=False)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip()
@@ -129,7 +129,7 @@ def format_records(records: Sequence[OpRecord]) -> str:
         [str(i), r.phase, r.op, r.backend or "", _fmt_shapes(r.shapes)]
         for i, r in enumerate(records)
     ]
-    return format_table(["#", "pass", "aten op", "backend", "tensor shapes"], rows)
+    return format_rows(["#", "pass", "aten op", "backend", "tensor shapes"], rows)
 
 
 # --- building one convolution ---------------------------------------------------------------
@@ -248,7 +248,7 @@ def _keep(name: str) -> bool:
     return name.startswith("aten::") or name.endswith(("Backward0", "Backward1"))
 
 
-def profile_ops(fn: Callable[[], object], hide: bool = True) -> list[tuple[int, str]]:
+def profile_op_tree(fn: Callable[[], object], hide: bool = True) -> list[tuple[int, str]]:
     """Run ``fn`` under ``torch.profiler`` and return its op tree as ``(depth, name)`` rows.
 
     Kept: ``aten::*`` ops and autograd nodes (``ConvolutionBackward0``); with ``hide``,
@@ -257,7 +257,7 @@ def profile_ops(fn: Callable[[], object], hide: bool = True) -> list[tuple[int, 
     deeper.
 
     >>> x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
-    >>> rows = profile_ops(lambda: torch.nn.functional.conv2d(x, w))
+    >>> rows = profile_op_tree(lambda: torch.nn.functional.conv2d(x, w))
     >>> rows[:3]
     [(0, 'aten::conv2d'), (1, 'aten::convolution'), (2, 'aten::_convolution')]
     """
@@ -294,12 +294,12 @@ def profile_ops(fn: Callable[[], object], hide: bool = True) -> list[tuple[int, 
 
 def profile_conv(conv: ConvSetup, backend: str | None = None) -> dict[str, list[tuple[int, str]]]:
     """Profiler op trees of ``conv``'s forward and backward: ``{"forward": rows, "backward":
-    rows}`` as :func:`profile_ops` returns them."""
+    rows}`` as :func:`profile_op_tree` returns them."""
     with _maybe_backend(backend, conv):
-        forward = profile_ops(conv.forward)
+        forward = profile_op_tree(conv.forward)
         y = conv.forward()
         grad = torch.randn_like(y)
-        backward = profile_ops(lambda: y.backward(grad))
+        backward = profile_op_tree(lambda: y.backward(grad))
     return {"forward": forward, "backward": backward}
 
 
@@ -351,12 +351,19 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--backend", choices=BACKEND_CHOICES, help="force a backend (use_backend)")
     ap.add_argument("--profile", action="store_true",
                     help="also print the profiler's nested op names")
+    ap.add_argument("--kernels", action="store_true",
+                    help="trace the C++ functions the backward ran, under gdb "
+                    "(convlab.kernels)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     """``convlab trace [options]``: print the op trace of one conv's forward and backward."""
     args = build_parser().parse_args(argv)
+    if args.kernels:
+        from convlab.kernels import main_from_args
+
+        return main_from_args(args)
     try:
         conv = make_conv(
             args.input, args.weight, not args.no_bias, args.stride, args.padding, args.dilation,

@@ -315,18 +315,37 @@ def check_output_mask(output_mask: object) -> tuple[bool, bool, bool]:
 
 
 def check_bias_sizes(bias_sizes: object, out_channels: int) -> list[int] | None:
-    """Validate ATen's ``bias_sizes``: None, ``[out_channels]`` or ``[0]`` (no bias).
+    """Validate ``bias_sizes`` of ``convolution_backward``: None, ``[out_channels]`` or ``[0]``.
 
-    Autograd passes ``[0]`` (the sizes of an undefined bias) when the forward had none.
-    Returns the sizes as a list, or None.
+    The one rule every convlab backward follows, whatever ``output_mask`` says. ATen's
+    contract (the comment on ``convolution_backward`` in aten/src/ATen/native/Convolution.cpp)
+    is "None, or the shape of the forward's bias", and autograd passes ``[0]`` (the sizes of
+    an undefined tensor) when the forward had no bias. ATen itself reads ``bias_sizes`` only
+    for an empty batch, where ``grad_bias = zeros(bias_sizes)``; other values would give a
+    gradient of the wrong shape there, so they are rejected. ``grad_bias`` itself is always
+    ``[out_channels]``.
+
+    Returns the sizes as a list of ints, or None. ``TypeError`` for a non-sequence or
+    non-int entries, ``ValueError`` for any other value.
+
+    >>> check_bias_sizes((4,), 4), check_bias_sizes([0], 4), check_bias_sizes(None, 4)
+    ([4], [0], None)
     """
     if bias_sizes is None:
         return None
+    if isinstance(bias_sizes, torch.Tensor):
+        bias_sizes = bias_sizes.tolist()
     if isinstance(bias_sizes, str | bytes) or not isinstance(bias_sizes, Sequence):
-        raise TypeError(f"bias_sizes must be None or a sequence of ints, got {bias_sizes!r}")
+        raise TypeError(
+            f"bias_sizes must be None or a sequence of ints, got {type(bias_sizes).__name__} "
+            f"{bias_sizes!r}"
+        )
     sizes = list(bias_sizes)
-    if any(isinstance(s, bool) or not isinstance(s, int) for s in sizes):
-        raise TypeError(f"bias_sizes must contain ints, got {sizes}")
+    # SymInt: symbolic sizes, as a fake kernel sees them under torch.compile(dynamic=True).
+    integral = int | np.integer | torch.SymInt
+    if any(isinstance(s, bool | np.bool_) or not isinstance(s, integral) for s in sizes):
+        raise TypeError(f"bias_sizes must contain ints, got {sizes!r}")
+    sizes = [s if isinstance(s, torch.SymInt) else int(s) for s in sizes]
     if sizes not in ([out_channels], [0]):
         raise ValueError(
             f"bias_sizes must be None, [{out_channels}] (out_channels) or [0] (no bias), "

@@ -6,17 +6,17 @@ import pytest
 import torch
 
 from convlab import dispatch
+from convlab.backends import available_backends, select_backend
 from convlab.cli import main as cli_main
 from convlab.dispatch import (
     OpRecorder,
-    format_table,
+    format_rows,
     format_tree,
     make_conv,
     profile_conv,
-    profile_ops,
+    profile_op_tree,
     trace_conv,
 )
-from convlab.native import available_backends, select_backend
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +84,7 @@ def test_table_lists_every_record() -> None:
 
 
 def test_format_table_aligns_columns() -> None:
-    text = format_table(["a", "bb"], [["xxx", "y"], ["z", "wwww"]])
+    text = format_rows(["a", "bb"], [["xxx", "y"], ["z", "wwww"]])
     assert text.splitlines() == ["a    bb", "---  ----", "xxx  y", "z    wwww"]
 
 
@@ -108,13 +108,13 @@ def test_profiler_backward_rereads_the_flags() -> None:
     if not torch.backends.mkldnn.is_available():
         pytest.skip("no oneDNN in this build")
     conv = make_conv([2, 4, 9, 9], [6, 4, 3, 3], dtype=torch.float32)
-    fwd = profile_ops(conv.forward)
+    fwd = profile_op_tree(conv.forward)
     assert (3, "aten::mkldnn_convolution") in fwd
     y = conv.forward()
     saved = torch.backends.mkldnn.enabled
     try:
         torch.backends.mkldnn.enabled = False
-        bwd = profile_ops(lambda: y.backward(torch.ones_like(y)))
+        bwd = profile_op_tree(lambda: y.backward(torch.ones_like(y)))
     finally:
         torch.backends.mkldnn.enabled = saved
     assert "aten::_slow_conv2d_backward" in [n for _, n in bwd]
@@ -122,14 +122,14 @@ def test_profiler_backward_rereads_the_flags() -> None:
 
 def test_profile_ops_unhidden_keeps_allocations() -> None:
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
-    rows = profile_ops(lambda: torch.nn.functional.conv2d(x, w), hide=False)
+    rows = profile_op_tree(lambda: torch.nn.functional.conv2d(x, w), hide=False)
     assert any(name == "aten::empty" for _, name in rows)
     assert format_tree([(0, "a"), (1, "b")]) == "a\n  b"
 
 
 def test_profile_ops_writes_nothing_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
-    profile_ops(lambda: torch.nn.functional.conv2d(x, w))
+    profile_op_tree(lambda: torch.nn.functional.conv2d(x, w))
     assert capfd.readouterr().err == ""
 
 

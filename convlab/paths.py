@@ -272,8 +272,8 @@ class Path:
         try:
             with native.use_backend(self.force, x, w, None, *layer.args()) as chosen:
                 return str(chosen)
-        except ValueError as err:  # ATen picks another backend for these inputs
-            raise NotApplicable(_mismatch_reason(err)) from None
+        except native.BackendMismatch as err:  # ATen picks another backend for these inputs
+            raise NotApplicable(f"ATen selects {err.chosen} here") from None
 
     def runners(self, layer: Layer, tensors: Tensors, hold: bool = True) -> Runners:
         """pass name -> zero-argument callable.
@@ -295,14 +295,6 @@ class Path:
         else:
             with native.use_backend(self.force):
                 yield
-
-
-def _mismatch_reason(err: Exception) -> str:
-    chosen = getattr(err, "chosen", None)
-    if chosen is not None:
-        return f"ATen selects {chosen} here"
-    text = str(err)
-    return text.split("; input ")[0].split(": ", 1)[-1] if ": " in text else text
 
 
 def _held(force: str, fn: Callable[[], object]) -> Callable[[], object]:

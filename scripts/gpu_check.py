@@ -258,42 +258,34 @@ def run_cuda_tests(timeout: float, root: Path = ROOT) -> tuple[Result, list[str]
 
 
 def backend_report(device: str) -> list[str]:
-    """Which backend ATen selects for a few common convolutions on ``device``."""
+    """Which backend ATen selects on ``device`` for every benchmark layer of
+    :data:`convlab.paths.SUITE` (float32, plus float16 and float64 for the first), and
+    what each forced path of the registry gets."""
     import torch
 
-    from convlab.native import select_backend, use_backend
+    from convlab import paths
 
+    dev = torch.device(device)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None
     lines = [f"torch {torch.__version__}, CUDA {torch.version.cuda}, cuDNN {cudnn}"]
     if device == "cuda":
         lines.append(f"device: {torch.cuda.get_device_name(0)}")
-
-    def t(*shape: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.randn(*shape, device=device, dtype=dtype)
-
-    configs = [
-        ("conv2d 3x3, fp32, N=8 C=64", t(8, 64, 32, 32), t(64, 64, 3, 3), {}),
-        ("conv2d 3x3, fp16", t(8, 64, 32, 32, dtype=torch.float16),
-         t(64, 64, 3, 3, dtype=torch.float16), {}),
-        ("conv2d 3x3, fp64", t(2, 8, 16, 16, dtype=torch.float64),
-         t(8, 8, 3, 3, dtype=torch.float64), {}),
-        ("depthwise 3x3, groups=32", t(8, 32, 32, 32), t(32, 1, 3, 3), {"groups": 32}),
-        ("conv_transpose2d stride 2", t(4, 16, 16, 16), t(16, 8, 4, 4),
-         {"stride": 2, "padding": 1, "transposed": True}),
-        ("conv2d dilation 2", t(4, 16, 32, 32), t(16, 16, 3, 3), {"dilation": 2}),
-        ("conv3d 3x3x3", t(2, 8, 8, 16, 16), t(8, 8, 3, 3, 3), {}),
-    ]
-    for label, x, w, kwargs in configs:
+    forced = [p for p in paths.PATHS if p.force is not None]
+    cases = [(layer, torch.float32) for layer in paths.SUITE]
+    cases += [(paths.SUITE[0], torch.float16), (paths.SUITE[0], torch.float64)]
+    for layer, dtype in cases:
+        label = f"{layer.name} {str(dtype).replace('torch.', '')}"
         try:
-            chosen = select_backend(x, w, **kwargs)
-        except Exception as exc:  # report, do not stop the summary
+            chosen = paths.get_path("native").check(layer, dev, dtype)
+        except Exception as exc:  # noqa: BLE001 - report, do not stop the summary
             chosen = f"error: {exc}"
-        try:
-            with use_backend("slow", x, w, **kwargs) as slow:
-                pass
-        except ValueError as exc:
-            slow = f"n/a ({exc})"
-        lines.append(f"{label:<30} {chosen:<16} (forced 'slow': {slow})")
+        got = []
+        for path in forced:
+            try:
+                got.append(f"{path.name}={path.check(layer, dev, dtype)}")
+            except paths.NotApplicable:
+                continue
+        lines.append(f"{label:<20} {chosen:<16} (forced: {', '.join(got) or 'none'})")
     return lines
 
 

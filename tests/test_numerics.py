@@ -187,3 +187,11 @@ def test_doctor_lines_one_per_dtype() -> None:
     assert len(lines) == 1
     assert lines[0].startswith("float32: ")
     assert "ulp" in lines[0]
+
+
+def test_grad_error_nonfinite() -> None:
+    exact = torch.tensor([1.0, math.nan], dtype=torch.float64)
+    agree = numerics.grad_error(torch.tensor([1.0, math.nan]), exact, torch.float32)
+    assert agree == numerics.GradError(0.0, 0.0, 0.0, 0.0)
+    differ = numerics.grad_error(torch.tensor([1.0, 2.0]), exact, torch.float32)
+    assert differ.rel == differ.ulps == math.inf

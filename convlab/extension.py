@@ -28,10 +28,11 @@ from pathlib import Path
 
 import torch
 
+from convlab.buffers import check_out_buffers
+from convlab.native import aten_bias_sizes, backward_params
 from convlab.params import (
     ConvParams,
     IntOrSeq,
-    check_bias_sizes,
     check_output_mask,
     check_same,
     check_tensor,
@@ -77,24 +78,20 @@ class NativeExtension:
 
         Shapes: ``grad_output`` is the forward output's shape, ``input`` ``[N, C_in, *S]``,
         ``weight`` ``[C_out, C_in/groups, *K]`` (``[C_in, C_out/groups, *K]`` transposed).
-        ``bias_sizes`` is ``None``, ``[C_out]`` or ``[0]`` (no bias). Returns
-        ``(grad_input, grad_weight, grad_bias)``, ``None`` where ``output_mask`` is off.
-
-        One guard differs from ATen: with ``output_mask[2]`` set, ``[C_out]`` is passed as
-        ``bias_sizes``, because ATen aborts the whole process on ``None`` with an empty batch.
+        ``bias_sizes`` is ``None``, ``[C_out]`` or ``[0]`` (no bias), checked by
+        :func:`convlab.params.check_bias_sizes`. Returns ``(grad_input, grad_weight,
+        grad_bias)``, ``None`` where ``output_mask`` is off; ``grad_bias`` is ``[C_out]``
+        (see :func:`convlab.native.aten_bias_sizes`: ATen aborts the process on ``None``
+        with an empty batch).
 
         >>> ext.convolution_backward(go, x, w, None, 1, 0, 1, False, 0, 1,
         ...                          [True, True, False])  # doctest: +SKIP
         """
-        p = ConvParams.for_tensors(
-            input, weight, None, stride, padding, dilation, transposed, output_padding, groups
-        )
-        p.check_grad_output(grad_output, input, weight)
+        p = backward_params(grad_output, input, weight, stride, padding, dilation, transposed,
+                            output_padding, groups)
         mask = check_output_mask(output_mask)
         out_channels = p.output_shape(tuple(input.shape), tuple(weight.shape))[1]
-        sizes = check_bias_sizes(bias_sizes, out_channels)
-        if mask[2]:
-            sizes = [out_channels]
+        sizes = aten_bias_sizes(bias_sizes, out_channels, mask)
         return self.ops.convolution_backward(
             grad_output, input, weight, sizes, *p.aten_args(), mask
         )
@@ -115,7 +112,10 @@ class NativeExtension:
 
         The three buffers are written in place and resized only when their shape is wrong
         (``torch.empty(0)`` is fine), so a buffer that is already the right size keeps its
-        storage. No dilation or groups: this is ATen's THNN-style im2col kernel.
+        storage. A buffer may not overlap an input or another buffer, and one of the wrong
+        shape may not be a view (:func:`convlab.buffers.check_out_buffers`); do not share
+        buffers between threads. No dilation or groups: this is ATen's THNN-style im2col
+        kernel.
         Shapes: ``input`` ``[N, C_in, H, W]``, ``weight`` ``[C_out, C_in, kH, kW]``,
         ``grad_output`` ``[N, C_out, H_out, W_out]``. Returns the three buffers.
 
@@ -135,12 +135,18 @@ class NativeExtension:
                 f"{list(weight.shape[2:])}"
             )
         p.check_grad_output(grad_output, input, weight)
-        for buf, name in ((grad_input, "grad_input"), (grad_weight, "grad_weight"),
-                          (grad_bias, "grad_bias")):
+        shapes = {"grad_input": tuple(input.shape), "grad_weight": tuple(weight.shape),
+                  "grad_bias": (weight.shape[0],)}
+        bufs = {"grad_input": grad_input, "grad_weight": grad_weight, "grad_bias": grad_bias}
+        for name, buf in bufs.items():
             check_tensor(buf, name)
             check_same(input, buf, "input", name)
             if buf.numel() and not buf.is_contiguous():
                 raise ValueError(f"{name} must be contiguous (or empty, to be resized)")
+        check_out_buffers(
+            {name: (buf, shapes[name]) for name, buf in bufs.items()},
+            {"grad_output": grad_output, "input": input, "weight": weight},
+        )
         return self.ops.slow_conv2d_backward_out(
             grad_input, grad_weight, grad_bias, grad_output, input, weight,
             list(kernel), list(p.stride), list(p.padding),
@@ -237,17 +243,23 @@ def _build_lock(folder: Path) -> Iterator[None]:
 
 
 def _build(verbose: bool) -> NativeExtension:
+    from torch.utils.cpp_extension import LIB_EXT
     from torch.utils.cpp_extension import load as cpp_load
 
     ensure_ninja()
     check_compiler()
     folder = build_directory()
     with _build_lock(folder):
-        library = cpp_load(
+        # The return value is the library path only on newer torch (None on 2.4), so the
+        # path is the one cpp_extension builds: <build_directory>/<name><LIB_EXT>.
+        cpp_load(
             NAME,
             [str(SOURCE)],
             build_directory=str(folder),
             is_python_module=False,
             verbose=verbose,
         )
+    library = folder / f"{NAME}{LIB_EXT}"
+    if not library.is_file():
+        raise RuntimeError(f"the C++ extension was built but {library} does not exist")
     return NativeExtension(str(library))

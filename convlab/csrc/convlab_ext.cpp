@@ -1,6 +1,6 @@
 // convlab_ext: two of ATen's convolution-backward entry points, called from C++.
 //
-// Lean on purpose: only <torch/library.h> and the two ATen/ops headers, no pybind11
+// Lean on purpose: only <torch/library.h> and a few ATen headers, no pybind11
 // (torch/extension.h), so a cold build takes seconds instead of a minute. The ops are
 // registered with TORCH_LIBRARY and reached from Python as torch.ops.convlab_ext.<op>.
 //
@@ -8,12 +8,15 @@
 // at::_slow_conv2d_backward_out go through the dispatcher, which picks the CPU or CUDA
 // (cuDNN, ...) implementation from the tensors' device. No CUDA code is compiled here.
 
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_slow_conv2d_backward.h>
 #include <ATen/ops/convolution_backward.h>
 #include <torch/library.h>
 
 #include <array>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -27,6 +30,29 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
                                   dilation, transposed, output_padding, groups, output_mask);
 }
 
+using Named = std::pair<const at::Tensor*, const char*>;
+
+// An out= buffer of the wrong shape is resized, and resize_ keeps a storage that is big
+// enough: a view, or a buffer sharing storage with another argument, would then be written
+// outside its own elements. A buffer of the right shape must not overlap the other
+// arguments (the kernel would read what it has already overwritten).
+void check_buffer(const Named& out, at::IntArrayRef shape, const std::vector<Named>& others) {
+  const at::Tensor& buf = *out.first;
+  if (buf.sizes() != shape) {
+    TORCH_CHECK(!buf.is_view(), "slow_conv2d_backward_out: ", out.second,
+                " has the wrong shape and is a view: resizing it would write outside it");
+    for (const auto& other : others) {
+      TORCH_CHECK(!buf.is_alias_of(*other.first), "slow_conv2d_backward_out: ", out.second,
+                  " has the wrong shape and shares storage with ", other.second);
+    }
+    return;
+  }
+  at::assert_no_internal_overlap(buf);
+  for (const auto& other : others) {
+    at::assert_no_overlap(buf, *other.first);
+  }
+}
+
 // The explicit-buffer call of the old thnn_conv2d_backward, for today's ATen: the three
 // outputs are the caller's tensors, resized in place when their shape is wrong.
 // The slow kernel reads input and grad_output as contiguous NCHW, so make them so.
@@ -34,10 +60,18 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> slow_conv2d_backward_out(
     at::Tensor& grad_input, at::Tensor& grad_weight, at::Tensor& grad_bias,
     const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
     at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding) {
-  TORCH_CHECK(input.dim() == 4, "slow_conv2d_backward_out: input must be 4-d [N, C, H, W], got ",
-              input.dim(), "-d");
+  TORCH_CHECK(input.dim() == 4 && weight.dim() == 4,
+              "slow_conv2d_backward_out: input and weight must be 4-d, got ", input.dim(),
+              "-d and ", weight.dim(), "-d");
   TORCH_CHECK(kernel_size.size() == 2 && stride.size() == 2 && padding.size() == 2,
               "slow_conv2d_backward_out: kernel_size, stride and padding need 2 values each");
+  const Named gi{&grad_input, "grad_input"}, gw{&grad_weight, "grad_weight"},
+      gb{&grad_bias, "grad_bias"}, go{&grad_output, "grad_output"}, x{&input, "input"},
+      w{&weight, "weight"};
+  const int64_t out_channels = weight.size(0);
+  check_buffer(gi, input.sizes(), {go, x, w, gw, gb});
+  check_buffer(gw, weight.sizes(), {go, x, w, gi, gb});
+  check_buffer(gb, at::IntArrayRef(&out_channels, 1), {go, x, w, gi, gw});
   at::_slow_conv2d_backward_out(grad_input, grad_weight, grad_bias, grad_output.contiguous(),
                                 input.contiguous(), weight.contiguous(), kernel_size, stride,
                                 padding);

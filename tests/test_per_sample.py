@@ -1,4 +1,4 @@
-"""per_sample_weight_grad against torch.func.vmap(torch.func.grad(...)) over F.conv*d."""
+"""Per-sample weight and bias gradients (both routes) against torch.func.vmap(grad(...))."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.func import grad, vmap
 
-from convlab.per_sample import per_sample_weight_grad
+from convlab.per_sample import METHODS, per_sample_bias_grad, per_sample_weight_grad
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -39,15 +39,17 @@ GRID = [
 ]
 
 
+@pytest.mark.parametrize("method", METHODS)
 @pytest.mark.parametrize("device", devices())
 @pytest.mark.parametrize("config", GRID)
-def test_matches_vmap_grad(config, device) -> None:
+def test_matches_vmap_grad(config, device, method) -> None:
     dim, n, c_in, c_out, size, k, stride, padding, dilation, groups = config
     opts = {"dtype": torch.float64, "device": device}
     x = torch.randn(n, c_in, *([size] * dim), **opts)
     w = torch.randn(c_out, c_in // groups, *([k] * dim), **opts)
     go = torch.randn_like(CONV[dim](x, w, None, stride, padding, dilation, groups))
-    ours = per_sample_weight_grad(x, w.shape, go, stride, padding, dilation, groups)
+    ours = per_sample_weight_grad(x, w.shape, go, stride, padding, dilation, groups,
+                                  method=method)
     expected = vmap_reference(x, w, go, stride, padding, dilation, groups)
     torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
     # Summed over the batch it is the ordinary weight gradient.
@@ -63,6 +65,7 @@ def _lists(dim, *args):
 
 
 @given(
+    method=st.sampled_from(METHODS),
     dim=st.integers(1, 3),
     n=st.integers(1, 3),
     groups=st.integers(1, 2),
@@ -72,12 +75,14 @@ def _lists(dim, *args):
     dilation=st.integers(1, 2),
     extra=st.integers(0, 3),
 )
-def test_hypothesis_configurations(dim, n, groups, k, stride, padding, dilation, extra) -> None:
+def test_hypothesis_configurations(method, dim, n, groups, k, stride, padding, dilation,
+                                   extra) -> None:
     size = max(1, dilation * (k - 1) + 1 - 2 * padding) + extra
     x = torch.randn(n, 2 * groups, *([size] * dim), dtype=torch.float64)
     w = torch.randn(groups * 2, 2, *([k] * dim), dtype=torch.float64)
     go = torch.randn_like(CONV[dim](x, w, None, stride, padding, dilation, groups))
-    ours = per_sample_weight_grad(x, tuple(w.shape), go, stride, padding, dilation, groups)
+    ours = per_sample_weight_grad(x, tuple(w.shape), go, stride, padding, dilation, groups,
+                                  method=method)
     expected = vmap_reference(x, w, go, stride, padding, dilation, groups)
     torch.testing.assert_close(ours, expected, rtol=1e-12, atol=1e-12)
 
@@ -95,3 +100,42 @@ def test_bad_input_names_the_argument() -> None:
         per_sample_weight_grad(x, (6, 4), go)
     with pytest.raises(ValueError, match="stride must be positive"):
         per_sample_weight_grad(x, (6, 4, 3, 3), go, stride=0)
+    with pytest.raises(TypeError, match="weight_size must be a sequence of ints"):
+        per_sample_weight_grad(x, (6, 4, 3.7, 3), go)
+    with pytest.raises(TypeError, match="weight_size must be a sequence of ints"):
+        per_sample_weight_grad(x, "6433", go)
+    with pytest.raises(ValueError, match="method must be one of grouped, im2col"):
+        per_sample_weight_grad(x, (6, 4, 3, 3), go, method="loop")
+    with pytest.raises(ValueError, match="grad_output must be"):
+        per_sample_bias_grad(torch.ones(2, 3))
+
+
+def test_numpy_integer_sizes_and_empty_batch() -> None:
+    import numpy as np
+
+    x = torch.randn(2, 4, 6, 6, dtype=torch.float64)
+    go = torch.randn(2, 6, 4, 4, dtype=torch.float64)
+    size = tuple(np.int64(v) for v in (6, 4, 3, 3))
+    torch.testing.assert_close(per_sample_weight_grad(x, size, go),
+                               per_sample_weight_grad(x, (6, 4, 3, 3), go))
+    for method in METHODS:
+        empty = per_sample_weight_grad(x[:0], (6, 4, 3, 3), go[:0], method=method)
+        assert empty.shape == (0, 6, 4, 3, 3)
+
+
+@pytest.mark.parametrize("dim", [1, 2, 3])
+def test_bias_matches_vmap_grad(dim) -> None:
+    x = torch.randn(3, 2, *([5] * dim), dtype=torch.float64)
+    w = torch.randn(4, 2, *([3] * dim), dtype=torch.float64)
+    b = torch.randn(4, dtype=torch.float64)
+    go = torch.randn_like(CONV[dim](x, w, b))
+
+    def loss(bias, xi, gi):
+        return (CONV[dim](xi[None], w, bias) * gi[None]).sum()
+
+    expected = vmap(grad(loss), in_dims=(None, 0, 0))(b, x, go)
+    torch.testing.assert_close(per_sample_bias_grad(go), expected, rtol=1e-12, atol=1e-12)
+    summed = torch.ops.aten.convolution_backward(
+        go, x, w, [4], [1] * dim, [0] * dim, [1] * dim, False, [0] * dim, 1,
+        [False, False, True])[2]
+    torch.testing.assert_close(per_sample_bias_grad(go).sum(0), summed)

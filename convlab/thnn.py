@@ -1,19 +1,36 @@
 """The THNN-era 2-d convolution (``SpatialConvolutionMM`` / ``thnn_conv2d_*``) in torch ops.
 
-Up to PyTorch 1.10 the CPU/CUDA "slow" 2-d convolution kept two work buffers that the
-caller owned and autograd saved between forward and backward:
+Up to PyTorch 1.10 the CPU "slow" 2-d convolution kept two work buffers that the caller
+owned and autograd saved between forward and backward:
 
-* ``finput``: the im2col columns of the input, ``[N, C_in*kH*kW, H_out*W_out]``, filled
-  by the forward and read again by the backward for ``grad_weight``;
+* ``finput``: the im2col columns of the input, ``[N, C_in*kH*kW, H_out*W_out]`` (the
+  per-sample layout of ``torch.nn.functional.unfold``), filled by the forward and read
+  again by the backward for ``grad_weight``;
 * ``fgrad_input``: scratch of the same shape for ``weightᵀ @ grad_output`` (the gradient
   of the columns), folded back into ``grad_input`` by col2im.
 
-This module re-creates that algorithm and that calling convention. A buffer passed in is
-written in place: reshaped with ``resize_`` (which keeps its storage when it is large
-enough and grows it only when it is too small), never replaced. A buffer of the wrong
-dtype or device is refused. Like the original: 2-d only, no dilation, no groups, and an
-explicit backward (both functions run under ``torch.no_grad``). It uses strided copies
-(im2col/col2im, one per kernel offset) and GEMMs, never a native convolution op.
+This module re-creates that algorithm and that calling convention, following
+``aten/src/ATen/native/ConvolutionMM2d.cpp`` at tag v1.9.0 (``slow_conv2d_forward_out_cpu``,
+``slow_conv2d_backward_out_cpu_template`` and ``slow_conv2d_backward_parameters_out_cpu_template``):
+
+* the backward never recomputes the columns: it reads ``finput[t]`` for ``grad_weight`` and
+  resizes ``fgrad_input`` like ``finput`` for ``grad_input``. An empty ``finput``
+  (``at::empty({0})``, as in a widely copied 2020 recipe) therefore failed on CPU, with an
+  index error on an empty tensor; here it raises a ValueError that says so. (The CUDA
+  kernel of that era treated the two as scratch, columns and a vector of ones, so the
+  recipe could run there.)
+* a 1x1 kernel with stride 1 and no padding needs no im2col: the forward then returns a
+  view of the (contiguous) input as ``finput`` and leaves the buffer passed in untouched.
+
+Deviations, all on the side of refusing rather than guessing: ``finput=None`` in the
+backward makes convlab recompute the columns (the old op had no such option); a buffer that
+overlaps an input or the other buffer is refused; a buffer is only resized when it owns its
+storage (a view of a bigger tensor must already have the right shape), so nothing outside
+the caller's view is ever written; buffers of another dtype or device are refused. Like the
+original: 2-d only, no dilation, no groups, and an explicit backward (both functions run
+under ``torch.no_grad``). It uses strided copies (im2col/col2im, one per kernel offset) and
+GEMMs, never a native convolution op. A buffer is plain memory without a lock: do not pass
+the same buffer to calls running in different threads at the same time.
 """
 
 from __future__ import annotations
@@ -148,15 +165,30 @@ def columns_shape(
     stride: IntOrSeq = 1,
     padding: IntOrSeq = 0,
 ) -> tuple[int, int, int]:
-    """Shape of ``finput`` (and ``fgrad_input``): ``(N, C_in*kH*kW, H_out*W_out)``.
+    """Shape of ``finput`` (and ``fgrad_input``) for an input of ``input_shape``
+    ``(N, C_in, H, W)``: ``(N, C_in*kH*kW, H_out*W_out)``.
 
     >>> columns_shape((8, 64, 56, 56), 3, 1, 1)
     (8, 576, 3136)
     """
+    if isinstance(input_shape, str | bytes) or not isinstance(input_shape, Sequence):
+        raise TypeError(f"input_shape must be a sequence of 4 ints (N, C_in, H, W), "
+                        f"got {input_shape!r}")
+    shape = tuple(input_shape)
+    if len(shape) != 4 or any(isinstance(v, bool) or not isinstance(v, int) for v in shape):
+        raise ValueError(f"input_shape must be 4 ints (N, C_in, H, W), got {list(shape)}")
+    if shape[0] < 0 or shape[1] < 0 or shape[2] <= 0 or shape[3] <= 0:
+        raise ValueError(f"input_shape must have N, C_in >= 0 and H, W > 0, got {list(shape)}")
     kernel = normalize(kernel_size, 2, "kernel_size")
+    if any(k <= 0 for k in kernel):
+        raise ValueError(f"kernel_size must be positive, got {list(kernel)}")
     params = ConvParams.create(2, stride, padding)
-    out = params.output_size(tuple(input_shape)[2:], kernel)
-    return (input_shape[0], input_shape[1] * math.prod(kernel), math.prod(out))
+    padded = [s + 2 * p for s, p in zip(shape[2:], params.padding, strict=True)]
+    if any(k > s for k, s in zip(kernel, padded, strict=True)):
+        raise ValueError(f"kernel_size={list(kernel)} is larger than the padded input "
+                         f"{padded} (input_shape {list(shape)}, padding {list(params.padding)})")
+    out = params.output_size(shape[2:], kernel)
+    return (shape[0], shape[1] * math.prod(kernel), math.prod(out))
 
 
 def _check_buffer(buf: object, name: str, input: torch.Tensor) -> torch.Tensor:
@@ -165,16 +197,73 @@ def _check_buffer(buf: object, name: str, input: torch.Tensor) -> torch.Tensor:
     check_same(input, buf, "input", name)
     if buf.requires_grad:
         raise ValueError(f"{name} is a work buffer and must not require grad")
+    if buf.is_inference() and not torch.is_inference_mode_enabled():
+        raise ValueError(f"{name} was made in inference mode and cannot be written here; "
+                         "allocate it outside torch.inference_mode()")
     return buf
 
 
+def _byte_range(t: torch.Tensor, numel_after: int | None = None) -> tuple[int, int, int]:
+    """``(storage id, first byte, end byte)`` of the memory ``t`` covers; ``numel_after``:
+    the elements it will cover once resized (an owned buffer grows from offset 0)."""
+    ptr = t.untyped_storage().data_ptr()
+    if numel_after is not None and t.untyped_storage().nbytes() == 0:
+        return ptr, 0, 0  # resizing allocates fresh memory
+    if numel_after is not None:
+        end = max(t.untyped_storage().nbytes(), numel_after * t.element_size())
+        return ptr, 0, end
+    if t.numel() == 0:
+        return ptr, 0, 0
+    extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(),
+                                                                  strict=True))
+    start = t.storage_offset() * t.element_size()
+    return ptr, start, start + extent * t.element_size()
+
+
+def _check_no_overlap(
+    written: dict[str, tuple[torch.Tensor, int | None]], others: dict[str, torch.Tensor | None]
+) -> None:
+    """Raise if a buffer that will be written shares memory with another argument.
+
+    ``written`` maps a name to ``(buffer, elements after resizing or None)``. Like ATen's
+    ``assert_no_overlap``, this compares memory ranges, not values.
+    """
+    ranges = {name: _byte_range(t, n) for name, (t, n) in written.items()}
+    ranges.update({name: _byte_range(t) for name, t in others.items() if t is not None})
+    names = list(ranges)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            (pa, sa, ea), (pb, sb, eb) = ranges[a], ranges[b]
+            if (a in written or b in written) and pa == pb and sa < eb and sb < ea:
+                raise ValueError(f"{a} shares memory with {b}: a work buffer must not "
+                                 f"overlap the inputs or the other buffer")
+
+
+def _owns_storage(buf: torch.Tensor) -> bool:
+    return not buf._is_view() and buf.storage_offset() == 0
+
+
 def _fit(buf: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
-    """Give ``buf`` the contiguous ``shape`` in place (new storage only if too small)."""
+    """Give ``buf`` the contiguous ``shape`` in place: as it is when it already has that
+    shape; else ``resize_`` (storage kept when large enough), but only when ``buf`` owns
+    its storage, so that memory outside a caller's view is never written."""
     if tuple(buf.shape) == shape:
         if not buf.is_contiguous():
             raise ValueError(f"{name} must be contiguous, got strides {buf.stride()}")
         return buf
+    if not _owns_storage(buf):
+        raise ValueError(
+            f"{name} is a view of a larger tensor with shape {list(buf.shape)}; resizing it "
+            f"could write outside the view: pass a view of shape {list(shape)} or a tensor "
+            f"that owns its memory")
     return buf.resize_(shape)
+
+
+def _needs_resize(buf: torch.Tensor | None, shape: tuple[int, ...]) -> int | None:
+    """Elements the buffer will cover after :func:`_fit`, if it will be resized."""
+    if buf is None or tuple(buf.shape) == shape:
+        return None
+    return math.prod(shape)
 
 
 def _buffer(
@@ -183,6 +272,12 @@ def _buffer(
     if buf is None:
         return input.new_empty(shape)
     return _fit(_check_buffer(buf, name, input), shape, name)
+
+
+def _is_pointwise(kernel: Sequence[int], params: ConvParams) -> bool:
+    """1x1 kernel, stride 1, no padding: the columns are the input itself."""
+    return (tuple(kernel) == (1, 1) and params.stride == (1, 1)
+            and params.padding == (0, 0))
 
 
 @torch.no_grad()
@@ -199,10 +294,13 @@ def conv2d_forward(
 
     Shapes: input ``[N, C_in, H, W]``; weight ``[C_out, C_in, kH, kW]`` or
     ``[C_out, C_in*kH*kW]``; bias ``[C_out]`` or None. ``finput`` is a buffer for the
-    columns ``[N, C_in*kH*kW, H_out*W_out]`` (any size: resized in place, storage kept
-    when large enough) or None to allocate one.
+    columns ``[N, C_in*kH*kW, H_out*W_out]`` or None to allocate one: a tensor that owns its
+    memory may have any size (resized in place, storage kept when large enough); a view of
+    a bigger tensor must already have that shape. It must not overlap input, weight or bias.
 
     Returns ``(output [N, C_out, H_out, W_out], finput)``; keep ``finput`` for the backward.
+    With a 1x1 kernel, stride 1 and no padding the returned ``finput`` is a view of the
+    input (as in 1.x) and the buffer passed in is not touched.
 
     >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     >>> buf = torch.empty(0)
@@ -213,8 +311,17 @@ def conv2d_forward(
     params, w4, kernel = _validate(input, weight, kernel_size, bias, stride, padding)
     n, c_out, h_out, w_out = params.output_shape(tuple(input.shape), tuple(w4.shape))
     shape = columns_shape(input.shape, kernel, params.stride, params.padding)
-    finput = _buffer(finput, shape, "finput", input)
-    im2col_(input, finput, kernel, params)
+    if finput is not None:
+        _check_buffer(finput, "finput", input)
+    if _is_pointwise(kernel, params):
+        # As in 1.x: no im2col, the columns are a view of the input ([N, C_in, H*W]).
+        finput = input.detach().contiguous().view(shape)
+    else:
+        if finput is not None:
+            _check_no_overlap({"finput": (finput, _needs_resize(finput, shape))},
+                              {"input": input, "weight": weight, "bias": bias})
+        finput = _buffer(finput, shape, "finput", input)
+        im2col_(input, finput, kernel, params)
     # One GEMM per sample, batched; the weight is broadcast (stride 0), not copied.
     output = torch.bmm(w4.reshape(c_out, -1).expand(n, -1, -1), finput)
     if bias is not None:
@@ -240,12 +347,16 @@ def conv2d_backward(
     * ``grad_weight = sum_n grad_output[n] @ finput[n]ᵀ``;
     * ``grad_bias = grad_output`` summed over batch and space.
 
-    ``finput`` and ``fgrad_input`` are ``[N, C_in*kH*kW, H_out*W_out]`` buffers (see
-    :func:`columns_shape`). As in THNN, a ``finput`` that already has that shape is trusted
-    to hold ``im2col(input)`` from :func:`conv2d_forward` and is only read; None or any
-    other shape (e.g. ``torch.empty(0)``) makes the backward recompute the columns into it.
-    ``fgrad_input`` is scratch: resized in place (storage kept when large enough) and
-    overwritten. Buffers of another dtype or device are refused.
+    ``finput`` must hold the columns ``[N, C_in*kH*kW, H_out*W_out]`` that
+    :func:`conv2d_forward` returned for this input (see :func:`columns_shape`); it is only
+    read, never checked against the input (as in 1.x). When ``grad_input`` or
+    ``grad_weight`` is asked for, a ``finput`` of another shape (e.g. ``torch.empty(0)``)
+    raises ValueError: the 1.x CPU op indexed ``finput[t]`` and failed on it. ``None`` makes
+    convlab recompute the columns (a convenience the old op did not have).
+    ``fgrad_input`` is scratch: resized in place like ``finput`` (storage kept when large
+    enough; a view of a bigger tensor must already have the right shape) and overwritten.
+    Neither buffer may overlap grad_output, input, weight or the other buffer (``finput``
+    may be the view of the input that a 1x1 forward returns: it is only read).
 
     Returns ``(grad_input, grad_weight, grad_bias)`` shaped like input, weight (as passed)
     and ``[C_out]``; ``None`` where ``output_mask`` is false.
@@ -262,15 +373,22 @@ def conv2d_backward(
     n, c_out = grad_output.shape[:2]
     shape = columns_shape(input.shape, kernel, params.stride, params.padding)
     # Check both buffers before any work, even the one this mask does not use.
-    reuse_columns = False
     if finput is not None:
         _check_buffer(finput, "finput", input)
-        reuse_columns = tuple(finput.shape) == shape
-        if reuse_columns and mask[1] and not finput.is_contiguous():
+        if (mask[0] or mask[1]) and tuple(finput.shape) != shape:
+            raise ValueError(
+                f"finput must hold the forward's columns, shape {list(shape)} (as "
+                f"conv2d_forward returns them), got shape {list(finput.shape)}; the 1.x CPU "
+                f"op read finput[t] and failed on an empty one. Pass None to recompute them")
+        if mask[1] and not finput.is_contiguous():
             raise ValueError(f"finput must be contiguous, got strides {finput.stride()}")
     if fgrad_input is not None:
         _check_buffer(fgrad_input, "fgrad_input", input)
-    go = grad_output.contiguous().view(n, c_out, -1)  # [N, C_out, L]
+        if mask[0]:
+            written = {"fgrad_input": (fgrad_input, _needs_resize(fgrad_input, shape))}
+            _check_no_overlap(written, {"grad_output": grad_output, "input": input,
+                                        "weight": weight, "finput": finput})
+    go = grad_output.contiguous().view(n, c_out, shape[2])  # [N, C_out, L]
     w2 = w4.reshape(c_out, -1)  # [C_out, K]
     grad_input = grad_weight = grad_bias = None
     if mask[0]:
@@ -279,12 +397,12 @@ def conv2d_backward(
         grad_input = torch.empty_like(input, memory_format=torch.contiguous_format)
         col2im_(fgrad_input, grad_input, kernel, params)
     if mask[1]:
-        if not reuse_columns:
-            finput = _buffer(finput, shape, "finput", input)
+        if finput is None:
+            finput = input.new_empty(shape)
             im2col_(input, finput, kernel, params)
         # Accumulate per sample, as THNN did: no [N, C_out, K] temporary.
-        grad_weight = torch.mm(go[0], finput[0].t())
-        for i in range(1, n):
+        grad_weight = w2.new_zeros(w2.shape)
+        for i in range(n):
             grad_weight.addmm_(go[i], finput[i].t())
         grad_weight = grad_weight.view(weight.shape)
     if mask[2]:

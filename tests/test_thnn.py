@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import math
 
 import pytest
 import torch
@@ -33,7 +34,7 @@ def check_against_aten(x, w, b, kernel, stride, padding, mask=(True, True, True)
     torch.testing.assert_close(finput, torch.nn.functional.unfold(x, kernel, 1, padding, stride))
     go = torch.randn_like(out)
     expected = aten._slow_conv2d_backward.output_mask(go, x, w, list(kernel), s2, p2, list(mask))
-    for cols in (finput, None, torch.empty(0, dtype=x.dtype, device=x.device)):
+    for cols in (finput, None):  # the forward's columns, or None: convlab recomputes them
         ours = thnn.conv2d_backward(go, x, w, kernel, stride, padding, cols, None, mask)
         names = ("grad_input", "grad_weight", "grad_bias")
         for name, a, e in zip(names, ours, expected, strict=True):
@@ -250,3 +251,141 @@ def test_backward_checks_buffers_before_any_work() -> None:
         with pytest.raises(error, match="finput"):
             thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, fgrad_input)
     assert (fgrad_input == 7).all(), "fgrad_input was written before finput was refused"
+
+
+# ------------------------------------------------- the 1.x CPU contract (ConvolutionMM2d.cpp)
+
+
+@pytest.mark.parametrize("mask", [m for m in MASKS if m[0] or m[1]], ids=str)
+def test_empty_finput_is_refused_like_the_1x_cpu_op(mask) -> None:
+    """The 2020 recipe (empty finput/fgrad_input) failed on CPU: a clear error here."""
+    x, w, _ = setup_case(2, 3, 4, (6, 6), (3, 3))
+    go = torch.randn(2, 4, 4, 4, dtype=x.dtype)
+    with pytest.raises(ValueError, match="finput must hold the forward's columns"):
+        thnn.conv2d_backward(go, x, w, 3, 1, 0, torch.empty(0, dtype=x.dtype),
+                             torch.empty(0, dtype=x.dtype), mask)
+
+
+def test_bias_only_backward_ignores_finput() -> None:
+    x, w, _ = setup_case(2, 3, 4, (6, 6), (3, 3))
+    go = torch.randn(2, 4, 4, 4, dtype=x.dtype)
+    _, _, gb = thnn.conv2d_backward(go, x, w, 3, 1, 0, torch.empty(0, dtype=x.dtype), None,
+                                    (False, False, True))
+    torch.testing.assert_close(gb, go.sum((0, 2, 3)), **TOL)
+
+
+def test_pointwise_forward_returns_a_view_of_the_input() -> None:
+    """1x1 kernel, stride 1, no padding: finput is the input itself, as in 1.x."""
+    x, w, b = setup_case(2, 3, 4, (5, 6), (1, 1))
+    buf = torch.full((7,), 3.0, dtype=x.dtype)
+    out, finput = thnn.conv2d_forward(x, w, 1, b, 1, 0, buf)
+    assert finput.data_ptr() == x.data_ptr() and finput.shape == (2, 3, 30)
+    assert buf.shape == (7,) and (buf == 3).all()  # the buffer passed in is untouched
+    torch.testing.assert_close(out, aten._slow_conv2d_forward(x, w, [1, 1], b, [1, 1], [0, 0]))
+    go = torch.randn_like(out)
+    ours = thnn.conv2d_backward(go, x, w, 1, 1, 0, finput, None)
+    theirs = aten._slow_conv2d_backward.output_mask(go, x, w, [1, 1], [1, 1], [0, 0], [True] * 3)
+    for a, e in zip(ours, theirs, strict=True):
+        torch.testing.assert_close(a, e, **TOL)
+
+
+@pytest.mark.parametrize("mask", MASKS, ids=str)
+def test_empty_batch_matches_aten(mask) -> None:
+    x, w, b = setup_case(0, 3, 4, (6, 6), (3, 3))
+    out, finput = thnn.conv2d_forward(x, w, 3, b, 1, 1)
+    torch.testing.assert_close(out, aten._slow_conv2d_forward(x, w, [3, 3], b, [1, 1], [1, 1]))
+    go = torch.randn_like(out)
+    expected = aten._slow_conv2d_backward.output_mask(go, x, w, [3, 3], [1, 1], [1, 1],
+                                                      list(mask))  # fmt: skip
+    for cols in (finput, None):
+        ours = thnn.conv2d_backward(go, x, w, 3, 1, 1, cols, torch.empty(0, dtype=x.dtype), mask)
+        for a, e in zip(ours, expected, strict=True):
+            assert (a is None) == (e is None)
+            if e is not None:
+                assert a.shape == e.shape
+                torch.testing.assert_close(a, e, **TOL)
+
+
+@pytest.mark.parametrize(
+    ("shape", "kernel", "padding", "word"),
+    [
+        ((2, 3, 6, 6), 9, 0, "larger than the padded input"),
+        ((2, 3, 6, 6), 9, 1, "larger than the padded input"),
+        ((2, -3, 6, 6), 3, 0, "input_shape"),
+        ((-1, 3, 6, 6), 3, 0, "input_shape"),
+        ((2, 3, 0, 6), 3, 0, "input_shape"),
+        ((2, 3, 6), 3, 0, "input_shape"),
+        ((2, 3, 6, 6), 0, 0, "kernel_size"),
+        ((2, 3, 6, 6), (3, -1), 0, "kernel_size"),
+        ((2, 3, 6, 6), 3, -1, "padding"),
+    ],
+)  # fmt: skip
+def test_columns_shape_refuses_nonsense(shape, kernel, padding, word) -> None:
+    with pytest.raises(ValueError, match=word):
+        thnn.columns_shape(shape, kernel, 1, padding)
+
+
+def test_columns_shape_matches_unfold() -> None:
+    x = torch.randn(2, 3, 7, 6)
+    for kernel, stride, padding in [(3, 1, 1), ((2, 3), (2, 1), 0), (6, 1, 0), (1, 2, 2)]:
+        cols = torch.nn.functional.unfold(x, kernel, 1, padding, stride)
+        assert thnn.columns_shape(x.shape, kernel, stride, padding) == tuple(cols.shape)
+
+
+# ------------------------------------------------------------------ aliasing buffers
+
+
+def _aliasing_calls(x, w, b, go, finput):
+    """(description, call) pairs where a written buffer shares memory with another argument."""
+    cols_copy = finput.clone()
+    big = torch.zeros(10 * finput.numel(), dtype=x.dtype)
+    return [
+        ("finput=x", lambda: thnn.conv2d_forward(x, w, 3, b, 1, 1, x)),
+        ("finput=w", lambda: thnn.conv2d_forward(x, w, 3, b, 1, 1, w)),
+        ("finput=view of x", lambda: thnn.conv2d_forward(x, w, 3, b, 1, 1, x.view(-1)[:0])),
+        ("fgrad_input=finput", lambda: thnn.conv2d_backward(go, x, w, 3, 1, 1, cols_copy,
+                                                            cols_copy)),
+        ("fgrad_input=grad_output", lambda: thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, go)),
+        ("fgrad_input=x", lambda: thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, x)),
+        ("fgrad_input overlaps finput", lambda: thnn.conv2d_backward(
+            go, x, w, 3, 1, 1, big[:finput.numel()].view(finput.shape).copy_(finput),
+            big[finput.numel() // 2:][:finput.numel()].view(finput.shape))),
+    ]
+
+
+def test_aliasing_buffers_are_refused_before_any_work() -> None:
+    """Regression: aliased buffers used to corrupt gradients and resize the inputs."""
+    x, w, b = setup_case(2, 3, 4, (6, 6), (3, 3))
+    out, finput = thnn.conv2d_forward(x, w, 3, b, 1, 1)
+    go = torch.randn_like(out)
+    before = [t.clone() for t in (x, w, b, go, finput)]
+    for what, call in _aliasing_calls(x, w, b, go, finput):
+        with pytest.raises(ValueError, match="shares memory"):
+            call()
+        for t, saved in zip((x, w, b, go, finput), before, strict=True):
+            assert t.shape == saved.shape and torch.equal(t, saved), what
+
+
+@given(st.integers(0, 3), st.integers(1, 3), st.integers(0, 200), st.integers(1, 400),
+       st.sampled_from(["finput", "fgrad_input"]))
+def test_hypothesis_buffers_never_write_outside_their_view(n, k, start, length, which) -> None:
+    """A buffer that is a slice of a bigger tensor: the call either works within the
+    slice or refuses; the rest of the bigger tensor is never written."""
+    x, w, b = setup_case(n, 2, 3, (5, 4), (k, k))
+    out, finput = thnn.conv2d_forward(x, w, k, b, 1, 1)
+    go = torch.randn_like(out)
+    big = torch.full((1000,), 5.0, dtype=x.dtype)
+    view = big[start:start + length]
+    shape = thnn.columns_shape(x.shape, k, 1, 1)
+    if view.numel() == math.prod(shape):
+        view = view.view(shape)
+    try:
+        if which == "finput":
+            thnn.conv2d_forward(x, w, k, b, 1, 1, view)
+        else:
+            thnn.conv2d_backward(go, x, w, k, 1, 1, finput, view)
+    except ValueError as e:
+        assert which in str(e)
+    outside = torch.cat([big[:start], big[start + length:]])
+    assert (outside == 5).all()
+    assert big.shape == (1000,)

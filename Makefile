@@ -13,7 +13,7 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 export PYTHONHASHSEED := 0
 
-.PHONY: help venv book test lint unit nbval notebooks gpu-check bench clean system-deps
+.PHONY: help venv book test lint unit nbval notebooks gpu-check bench compat clean system-deps
 
 help:
 	@echo "make book        build the site into _build/html (does not execute notebooks)"
@@ -21,6 +21,7 @@ help:
 	@echo "make notebooks   re-execute every chapter in place (NB=book/x.ipynb for one)"
 	@echo "make gpu-check   on a CUDA machine: CUDA tests + every notebook on the GPU"
 	@echo "make bench       benchmarks (never part of make test)"
+	@echo "make compat TORCH=2.9.1 [RECORD=1]  chapters + tests on another torch (throwaway venv)"
 	@echo "make clean       remove _build and caches (keeps .venv)"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -63,6 +64,12 @@ gpu-check:
 
 bench: $(STAMP)
 	$(PY) -m convlab bench
+
+# Another torch from the package registry in a throwaway venv, convlab installed as on Colab.
+# Not part of `make test`: each version downloads a multi-GB wheel.
+compat:
+	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=2.9.1 [RECORD=1]"; exit 2; }
+	$(PYTHON) scripts/compat.py --torch $(TORCH) $(if $(RECORD),--record)
 
 clean:
 	rm -rf _build .cache .pytest_cache .hypothesis .ruff_cache

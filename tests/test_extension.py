@@ -318,21 +318,21 @@ def test_inference_mode_buffers_get_a_clear_error(ext) -> None:
 def test_convolution_backward_rejects_bad_input(ext) -> None:
     go, x, w, args = make_case(CONFIGS["2d-plain"])
     mask = [True, True, True]
-    with pytest.raises(ValueError, match="groups=2 must divide in_channels=3"):
+    with pytest.raises(ValueError, match="groups"):
         ext.convolution_backward(go, x, w, *args[:-1], 2, mask)
-    with pytest.raises(ValueError, match="grad_output must have the forward output's shape"):
+    with pytest.raises(ValueError, match="grad_output"):
         ext.convolution_backward(go[:, :, 1:], x, w, *args, mask)
-    with pytest.raises(ValueError, match="output_mask must be 3 bools"):
+    with pytest.raises(ValueError, match="output_mask"):
         ext.convolution_backward(go, x, w, *args, [True, True])
-    with pytest.raises(TypeError, match="output_mask must contain bools"):
+    with pytest.raises(TypeError, match="output_mask"):
         ext.convolution_backward(go, x, w, *args, [1, 1, 1])
     with pytest.raises(ValueError, match="bias_sizes"):
         ext.convolution_backward(go, x, w, [7], *args[1:], mask)
-    with pytest.raises(TypeError, match="input must have a floating-point dtype"):
+    with pytest.raises(TypeError, match="input"):
         ext.convolution_backward(go, x.long(), w, *args, mask)
-    with pytest.raises(TypeError, match="weight has dtype"):
+    with pytest.raises(TypeError, match="weight"):
         ext.convolution_backward(go, x, w.float(), *args, mask)
-    with pytest.raises(ValueError, match="stride must be an int or a sequence of 2"):
+    with pytest.raises(ValueError, match="stride"):
         ext.convolution_backward(go, x, w, args[0], [1, 1, 1], *args[2:], mask)
 
 
@@ -348,13 +348,13 @@ def test_slow_conv2d_backward_out_rejects_bad_input(ext) -> None:
         ext.slow_conv2d_backward_out(*bufs(), go[..., 0], x[..., 0], w[..., 0], [3], 1, 0)
     wrong = bufs()
     wrong[1] = torch.empty(0, dtype=torch.float32)
-    with pytest.raises(TypeError, match="grad_weight has dtype"):
+    with pytest.raises(TypeError, match="grad_weight"):
         ext.slow_conv2d_backward_out(*wrong, go, x, w, k, s, p)
     strided = bufs()
     strided[0] = torch.empty(*x.shape[:3], 2 * x.shape[3], dtype=F64)[..., ::2]
-    with pytest.raises(ValueError, match="grad_input must be contiguous"):
+    with pytest.raises(ValueError, match="grad_input"):
         ext.slow_conv2d_backward_out(*strided, go, x, w, k, s, p)
-    with pytest.raises(TypeError, match="grad_bias must be a torch.Tensor"):
+    with pytest.raises(TypeError, match="grad_bias"):
         ext.slow_conv2d_backward_out(*bufs()[:2], None, go, x, w, k, s, p)
 
 
@@ -379,6 +379,17 @@ def test_load_removes_a_stale_lock(ext, monkeypatch: pytest.MonkeyPatch) -> None
     assert fresh is not ext and fresh.library == ext.library
     # Newer torch keeps its (now fcntl-based) `lock` file in the build folder, so whether
     # the file exists afterwards says nothing; what matters is that load returned.
+
+
+def test_library_path_does_not_rely_on_cpp_extension_return_value(ext, monkeypatch) -> None:
+    # torch 2.4's cpp_extension.load(..., is_python_module=False) returns None.
+    import torch.utils.cpp_extension as cpp
+
+    real = cpp.load
+    monkeypatch.setattr(cpp, "load", lambda *args, **kwargs: (real(*args, **kwargs), None)[1])
+    monkeypatch.setattr(extension, "_LOADED", None)
+    fresh = extension.load()
+    assert fresh.library == ext.library and Path(fresh.library).is_file()
 
 
 def test_load_without_a_compiler_raises_clearly(monkeypatch: pytest.MonkeyPatch) -> None:

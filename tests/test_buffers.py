@@ -1,0 +1,91 @@
+"""convlab.buffers.check_out_buffers: every real overlap and unsafe resize is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+from convlab.buffers import check_out_buffers
+
+
+def _addresses(t: torch.Tensor) -> set[int]:
+    """Byte addresses of every element of ``t`` (brute force)."""
+    if t.numel() == 0:
+        return set()
+    base = t.untyped_storage().data_ptr() + t.storage_offset() * t.element_size()
+    index = torch.zeros(t.shape, dtype=torch.int64)
+    for dim, (size, stride) in enumerate(zip(t.shape, t.stride(), strict=True)):
+        shape = [1] * t.dim()
+        shape[dim] = size
+        index = index + (torch.arange(size) * stride).view(shape)
+    return {base + int(i) * t.element_size() for i in index.flatten()}
+
+
+view_spec = st.tuples(
+    st.integers(0, 20),  # storage offset
+    st.lists(st.tuples(st.integers(1, 4), st.integers(1, 6)), min_size=1, max_size=3),
+)
+
+
+def _view(storage: torch.Tensor, spec) -> torch.Tensor:
+    offset, dims = spec
+    sizes = [s for s, _ in dims]
+    strides = [st_ for _, st_ in dims]
+    return storage.as_strided(sizes, strides, offset)
+
+
+@given(out=view_spec, inp=view_spec)
+def test_any_shared_element_is_refused(out, inp) -> None:
+    storage = torch.zeros(200)
+    o, i = _view(storage, out), _view(storage, inp)
+    shares = bool(_addresses(o) & _addresses(i))
+    try:
+        check_out_buffers({"out": (o, tuple(o.shape))}, {"input": i})
+    except ValueError as exc:
+        assert "out" in str(exc)
+        return
+    assert not shares, "an output sharing elements with an input was accepted"
+
+
+@given(a=view_spec, b=view_spec)
+def test_separate_storages_never_conflict(a, b) -> None:
+    o, i = _view(torch.zeros(200), a), _view(torch.zeros(200), b)
+    if torch._debug_has_internal_overlap(o) == 1:
+        return  # refused for its own sake (see the next test)
+    check_out_buffers({"out": (o, tuple(o.shape))}, {"input": i})
+
+
+def test_internal_overlap_and_resized_views_are_refused() -> None:
+    with pytest.raises(ValueError, match="out has internal overlap"):
+        check_out_buffers({"out": (torch.zeros(1).expand(4), (4,))}, {})
+    big = torch.zeros(100)
+    with pytest.raises(ValueError, match="out has shape \\[10\\], not \\[20\\].*view"):
+        check_out_buffers({"out": (big[:10], (20,))}, {})
+    check_out_buffers({"out": (big[:10], (10,))}, {})  # the right shape: written in place
+    owned = torch.empty(1000)
+    check_out_buffers({"out": (owned, (20,))}, {"input": torch.zeros(3)})  # its own storage
+
+
+def test_a_resized_buffer_may_not_share_storage_with_an_input() -> None:
+    x = torch.zeros(10)
+    with pytest.raises(ValueError, match="out shares memory with input"):
+        check_out_buffers({"out": (x, (2, 5, 1))}, {"input": x[5:]})
+
+
+def test_outputs_are_checked_against_each_other() -> None:
+    shared = torch.zeros(10)
+    outs = {"a": (shared[:6], (6,)), "b": (shared[5:], (5,))}
+    with pytest.raises(ValueError, match="a shares memory with b"):
+        check_out_buffers(outs, {})
+    check_out_buffers({"a": (shared[:5], (5,)), "b": (shared[5:], (5,))}, {})
+
+
+def test_inference_tensors_are_refused_outside_inference_mode() -> None:
+    with torch.inference_mode():
+        buf = torch.zeros(3)
+    with pytest.raises(ValueError, match="out is an inference tensor"):
+        check_out_buffers({"out": (buf, (3,))}, {})
+    with torch.inference_mode():
+        check_out_buffers({"out": (buf, (3,))}, {})

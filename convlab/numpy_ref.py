@@ -24,7 +24,13 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from convlab.params import ConvParams, IntOrSeq, check_output_mask, normalize
+from convlab.params import (
+    ConvParams,
+    IntOrSeq,
+    check_bias_sizes,
+    check_output_mask,
+    normalize,
+)
 
 Mask = Sequence[bool]
 
@@ -34,6 +40,26 @@ def _check_array(a: object, name: str) -> None:
         raise TypeError(f"{name} must be a numpy.ndarray, got {type(a).__name__}")
     if not np.issubdtype(a.dtype, np.floating):
         raise TypeError(f"{name} must have a floating-point dtype, got {a.dtype}")
+
+
+def _check_bias(bias: object, input: np.ndarray) -> None:
+    if bias is None:
+        return
+    if not isinstance(bias, np.ndarray):
+        raise TypeError(f"bias must be a numpy.ndarray of shape [C_out] or None, "
+                        f"got {type(bias).__name__} {bias!r}")
+    _check_array(bias, "bias")
+    _check_same_dtype(input, bias, "input", "bias")
+
+
+# ATen takes stride, padding, ... as int64 (its ``int[]``): larger values are refused.
+INT64_MAX = 2**63 - 1
+
+
+def _check_int64(params: ConvParams) -> None:
+    for name in ("stride", "padding", "dilation"):
+        if any(abs(v) > INT64_MAX for v in getattr(params, name)):
+            raise ValueError(f"{name}={list(getattr(params, name))} does not fit in int64")
 
 
 def _check_same_dtype(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
@@ -59,7 +85,11 @@ def _params(
             f"weight must have at least 3 dimensions [out, in/groups, *kernel], "
             f"got shape {list(weight.shape)}"
         )
+    if weight.shape[0] == 0:
+        raise ValueError(f"weight must have at least one output channel (ATen refuses an "
+                         f"empty weight.shape[0]), got shape {list(weight.shape)}")
     params = ConvParams.create(weight.ndim - 2, stride, padding, dilation, groups=groups)
+    _check_int64(params)
     params.check_shapes(input.shape, weight.shape, bias_shape)
     return params
 
@@ -113,12 +143,11 @@ def convolution_naive(
     array([[4., 4.],
            [4., 4.]])
     """
+    _check_array(input, "input")
+    _check_bias(bias, input)
     params = _params(
         input, weight, None if bias is None else bias.shape, stride, padding, dilation, groups
     )
-    if bias is not None:
-        _check_array(bias, "bias")
-        _check_same_dtype(input, bias, "input", "bias")
     out_shape = params.output_shape(input.shape, weight.shape)
     x = _pad(input, params.padding)
     c_out, c_group = weight.shape[0], weight.shape[1]
@@ -163,8 +192,8 @@ def convolution_backward_naive(
            [1., 2., 1.]])
     """
     mask = check_output_mask(output_mask)
-    bias_shape = bias_sizes if mask[2] and bias_sizes is not None else None
-    params = _params(input, weight, bias_shape, stride, padding, dilation, groups)
+    params = _params(input, weight, None, stride, padding, dilation, groups)
+    check_bias_sizes(bias_sizes, weight.shape[0])
     _check_grad_output(grad_output, input, weight, params)
     x = _pad(input, params.padding)
     grad_x = np.zeros_like(x)
@@ -251,9 +280,11 @@ def im2col(
     """Unfold every (dilated) input patch into a column: ``[N, C*prod(kernel), prod(out)]``.
 
     Row ``c*prod(kernel) + flat(k)`` holds channel ``c`` at kernel offset ``k``, column
-    ``flat(p)`` the patch of output position ``p`` (the layout of
-    ``torch.nn.functional.unfold``). Built as one strided view of the padded input, then
-    copied once.
+    ``flat(p)`` the patch of output position ``p``: the per-sample layout of
+    ``torch.nn.functional.unfold`` and of THNN's ``finput`` (:func:`convlab.thnn.im2col_`).
+    :func:`convlab.im2col.im2col` instead folds the batch into the columns and splits the
+    groups, :func:`convlab.im2col.im2row` puts the windows in rows. Built as one strided
+    view of the padded input, then copied once.
 
     >>> im2col(np.arange(9.0).reshape(1, 1, 3, 3), 2)[0]
     array([[0., 1., 3., 4.],
@@ -267,10 +298,12 @@ def im2col(
         raise ValueError(f"input must have at least 3 dimensions [N, C, *size], got {input.shape}")
     kernel = normalize(kernel_size, dim, "kernel_size")
     params = ConvParams.create(dim, stride, padding, dilation)
+    _check_int64(params)
     params.check_shapes(input.shape, (1, input.shape[1], *kernel))
     view = _patches(input, kernel, params, batch_last=False)
     n, c = input.shape[:2]
-    return view.reshape(n, c * math.prod(kernel), -1)
+    out = params.output_size(input.shape[2:], kernel)
+    return view.reshape(n, c * math.prod(kernel), math.prod(out))
 
 
 def col2im(
@@ -299,6 +332,7 @@ def col2im(
         raise ValueError(f"input_shape must be [N, C, *size], got {list(input_shape)}")
     kernel = normalize(kernel_size, dim, "kernel_size")
     params = ConvParams.create(dim, stride, padding, dilation)
+    _check_int64(params)
     params.check_shapes(input_shape, (1, input_shape[1], *kernel))
     n, c = input_shape[:2]
     out = params.output_size(input_shape[2:], kernel)
@@ -330,17 +364,16 @@ def convolution(
     >>> convolution(x, np.ones((4, 1, 3, 3)), groups=2)[0, :, 0, 0]
     array([9., 9., 9., 9.])
     """
+    _check_array(input, "input")
+    _check_bias(bias, input)
     params = _params(
         input, weight, None if bias is None else bias.shape, stride, padding, dilation, groups
     )
-    if bias is not None:
-        _check_array(bias, "bias")
-        _check_same_dtype(input, bias, "input", "bias")
     out_shape = params.output_shape(input.shape, weight.shape)
     n, c_out = out_shape[:2]
     cols = im2col(input, weight.shape[2:], params.stride, params.padding, params.dilation)
-    cols = cols.reshape(n, groups, -1, cols.shape[-1])  # [N, G, K_g, L]
-    w = weight.reshape(groups, c_out // groups, -1)  # [G, C_out/G, K_g]
+    cols = cols.reshape(n, groups, cols.shape[1] // groups, cols.shape[-1])  # [N, G, K_g, L]
+    w = weight.reshape(groups, c_out // groups, math.prod(weight.shape[1:]))  # [G, C_out/G, K_g]
     y = np.matmul(w, cols).reshape(out_shape)  # broadcast over N: [N, G, C_out/G, L]
     if bias is not None:
         y += bias.reshape((1, c_out) + (1,) * params.dim)
@@ -373,7 +406,8 @@ def _grad_weight(
     """``go @ columnsᵀ`` per group, with ``go`` ``[G, C_out/G, N*L]``; shaped like the weight."""
     groups = go.shape[0]
     cols = _patches(input, weight_shape[2:], params, batch_last=True)
-    cols = cols.reshape(groups, -1, go.shape[-1])  # the one copy: [G, K_g, N*L]
+    rows = math.prod(weight_shape[1:])
+    cols = cols.reshape(groups, rows, go.shape[-1])  # the one copy: [G, K_g, N*L]
     return np.matmul(go, cols.transpose(0, 2, 1)).reshape(weight_shape)
 
 
@@ -405,13 +439,14 @@ def convolution_backward(
            [4., 4.]]), array([4.]))
     """
     mask = check_output_mask(output_mask)
-    bias_shape = bias_sizes if mask[2] and bias_sizes is not None else None
-    params = _params(input, weight, bias_shape, stride, padding, dilation, groups)
+    params = _params(input, weight, None, stride, padding, dilation, groups)
+    check_bias_sizes(bias_sizes, weight.shape[0])
     _check_grad_output(grad_output, input, weight, params)
     n, c_out = grad_output.shape[:2]
-    go = grad_output.reshape(n, groups, c_out // groups, -1).transpose(1, 2, 0, 3)
-    go = go.reshape(groups, c_out // groups, -1)  # a copy: [G, C_out/G, N*L]
-    w = weight.reshape(groups, c_out // groups, -1)  # [G, C_out/G, K_g]
+    positions = math.prod(grad_output.shape[2:])
+    go = grad_output.reshape(n, groups, c_out // groups, positions).transpose(1, 2, 0, 3)
+    go = go.reshape(groups, c_out // groups, n * positions)  # a copy: [G, C_out/G, N*L]
+    w = weight.reshape(groups, c_out // groups, math.prod(weight.shape[1:]))  # [G, C_out/G, K_g]
     # Each gradient in its own function, so its big temporary (the columns or their
     # gradient) is freed before the next one is allocated.
     grad_input = _grad_input(go, w, input.shape, weight.shape[2:], params) if mask[0] else None

@@ -277,6 +277,7 @@ def convolution(
     p = ConvParams.for_tensors(
         input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
     )
+    _check_like_aten(p, weight)
     out_shape = p.output_shape(tuple(input.shape), tuple(weight.shape))
     if p.transposed:
         # The transposed conv is the grad_input of the normal conv that maps out -> input.
@@ -318,6 +319,7 @@ def convolution_backward(
     p = ConvParams.for_tensors(
         input, weight, None, stride, padding, dilation, transposed, output_padding, groups
     )
+    _check_like_aten(p, weight)
     p.check_grad_output(grad_output, input, weight)
     if not p.transposed and any(p.output_padding):
         raise ValueError(
@@ -478,6 +480,18 @@ def convolution_jvp(
 
 # ---------------------------------------------------------------------------------------
 # Argument checks that ConvParams does not cover.
+
+INT64_MAX = 2**63 - 1  # ATen takes stride, padding, ... as int64 (its ``int[]``)
+
+
+def _check_like_aten(p: ConvParams, weight: torch.Tensor) -> None:
+    """What ATen refuses beyond ConvParams: an empty weight.shape[0], values beyond int64."""
+    if weight.shape[0] == 0:
+        raise ValueError(f"weight must have weight.shape[0] >= 1 (ATen refuses an empty "
+                         f"one), got shape {list(weight.shape)}")
+    for name in ("stride", "padding", "dilation", "output_padding"):
+        if any(abs(v) > INT64_MAX for v in getattr(p, name)):
+            raise ValueError(f"{name}={list(getattr(p, name))} does not fit in int64")
 
 
 def _check_like(t: object, ref: torch.Tensor, name: str, ref_name: str) -> None:

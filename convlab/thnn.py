@@ -130,6 +130,9 @@ def im2col_(
 ) -> torch.Tensor:
     """Write the columns of ``input`` [N, C, H, W] into ``finput`` [N, C*kH*kW, L] in place.
 
+    The layout is ``torch.nn.functional.unfold``'s (row ``c*kH*kW + i*kW + j``, column
+    ``flat(output position)``), as THNN's ``finput`` had it.
+
     One strided copy per kernel offset (kH*kW copies, each over all pixels at once); the
     entries that read padding are zeroed.
     """

@@ -162,7 +162,7 @@ def configs(draw):
     dilation = draw(st.integers(1, 2))
     extent = [dilation * (k - 1) + 1 for k in kernel]
     size = tuple(max(1, e - 2 * padding) + draw(st.integers(0, 4)) for e in extent)
-    n = draw(st.integers(1, 2))
+    n = draw(st.integers(0, 2))  # N = 0: empty results, as ATen
     return dim, n, c_in, c_out, size, kernel, stride, padding, dilation, groups
 
 
@@ -208,7 +208,18 @@ F32 = np.float32
         (lambda: conv(X, W[0, 0], groups=2), ValueError, "weight must have at least 3"),
         (lambda: R.convolution_naive(X, W, dilation=4, groups=2), ValueError, "kernel extent"),
         (lambda: bwd(GO[:, :5], X, W, groups=2), ValueError, "grad_output must"),
-        (lambda: bwd(GO, X, W, [5], groups=2), ValueError, "bias must have"),
+        (lambda: bwd(GO, X, W, [5], groups=2), ValueError, "bias_sizes"),
+        (lambda: bwd(GO, X, W, [6, 1], groups=2), ValueError, "bias_sizes must be"),
+        (lambda: bwd(GO, X, W, 6, groups=2), TypeError, "bias_sizes must be"),
+        (lambda: conv(X, W, 3.0, groups=2), TypeError, "bias must be a numpy"),
+        (lambda: conv(X, W, [0.0] * 6, groups=2), TypeError, "bias must be a numpy"),
+        (lambda: R.convolution_naive(X, W, 3.0, groups=2), TypeError, "bias must be a numpy"),
+        (lambda: conv(X, np.zeros((0, 2, 3, 3)), groups=2), ValueError, "output channel"),
+        (lambda: bwd(GO[:, :0], X, np.zeros((0, 2, 3, 3)), groups=2), ValueError,
+         "output channel"),
+        (lambda: conv(X, W, padding=10**20, groups=2), ValueError, "padding=.* int64"),
+        (lambda: conv(X, W, stride=(1, 2**63), groups=2), ValueError, "stride=.* int64"),
+        (lambda: R.im2col(X, 3, padding=10**20), ValueError, "padding=.* int64"),
         (lambda: bwd(GO, X, W, groups=2, output_mask=(1, 1, 1)), TypeError, "output_mask"),
         (lambda: naive_bwd(GO.astype(F32), X, W, groups=2), TypeError, "grad_output has"),
         (lambda: R.im2col(X, 7), ValueError, "kernel extent"),
@@ -231,3 +242,18 @@ def test_non_contiguous_arrays() -> None:
         go = np.asfortranarray(np.ones_like(y))
         assert_grads(R.convolution_backward(go, xa, wa, [6], 2, 1, 1, 2),
                      aten_backward(go, x, w, 2, 1, 1, 2))  # fmt: skip
+
+
+def test_empty_batch_matches_aten() -> None:
+    """Regression: N = 0 used to fail in reshape(-1); ATen returns empty results."""
+    x, w, b = make(0, 4, 6, (7, 6), (3, 2), 2)
+    y = R.convolution(x, w, b, 2, 1, 1, 2)
+    np.testing.assert_array_equal(y, aten_forward(x, w, b, 2, 1, 1, 2))
+    assert y.shape == (0, 6, 4, 4)
+    go = np.zeros(y.shape)
+    for mask in MASKS:
+        assert_grads(R.convolution_backward(go, x, w, [6], 2, 1, 1, 2, mask),
+                     aten_backward(go, x, w, 2, 1, 1, 2, mask))  # fmt: skip
+    cols = R.im2col(x, (3, 2), 2, 1)
+    assert cols.shape == tuple(F.unfold(torch.from_numpy(x), (3, 2), 1, 1, 2).shape)
+    assert R.col2im(cols, x.shape, (3, 2), 2, 1).shape == x.shape

@@ -608,3 +608,18 @@ DEPTHWISE = [
 @pytest.mark.parametrize("case", DEPTHWISE, ids=str)
 def test_depthwise_matches_aten(case: Case) -> None:
     run_both(case)
+
+
+@pytest.mark.parametrize(
+    ("change", "word"),
+    [({"w": torch.zeros(0, 2, 3, 3, dtype=torch.float64)}, "weight.shape"),
+     ({"padding": 10**20}, "padding=.*int64"),
+     ({"stride": [1, 2**63]}, "stride=.*int64")],
+)
+def test_what_aten_refuses_is_a_named_value_error(change, word) -> None:
+    x = torch.randn(2, 4, 6, 6, dtype=torch.float64)
+    kwargs = {"w": torch.randn(6, 2, 3, 3, dtype=torch.float64), "stride": 1, "padding": 0}
+    kwargs.update(change)
+    with pytest.raises(ValueError, match=word):
+        reference.convolution(x, kwargs["w"], None, kwargs["stride"], kwargs["padding"], 1,
+                              False, 0, 2)

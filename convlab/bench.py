@@ -65,7 +65,7 @@ from convlab.profiling import (  # noqa: F401 - notebooks use these as bench.*
     profile_ops,
     rss_peak,
 )
-from convlab.timing import Ratio, Timing, blas_threads, interleaved, ratio
+from convlab.timing import Ratio, Timing, blas_threads, interleaved, noise_band, ratio
 
 PATHS: tuple[str, ...] = registry.PATH_NAMES
 NATIVE_PATHS: tuple[str, ...] = tuple(p.name for p in registry.PATHS if p.is_aten)
@@ -441,16 +441,12 @@ def aa_pair(rows: Sequence[Result]) -> tuple[Result, Result] | None:
 
 
 def aa_band(rows: Sequence[Result]) -> float:
-    """Noise band of one (layer, pass): the widest per-round gap of its A/A pair (NaN if none).
-
-    The per-round ratios of native and its twin are ideally 1; the band is the largest
-    relative deviation from 1 that they show in this run.
-    """
+    """Noise band of one (layer, pass): the relative gap between the medians of its A/A pair
+    (:func:`convlab.timing.noise_band`; NaN when the pair did not run)."""
     pair = aa_pair(rows)
     if pair is None:
         return math.nan
-    q = ratio(pair[0].timing, pair[1].timing)  # type: ignore[arg-type]
-    return max(abs(q.median - 1), abs(q.high - 1), abs(1 / q.low - 1))
+    return noise_band(pair[0].timing, pair[1].timing)  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------------------- comparisons
@@ -468,12 +464,13 @@ class Comparison:
 
     @property
     def verdict(self) -> str:
-        """``slower``/``faster`` outside the A/A band, ``same`` inside, ``?`` with no band."""
+        """``slower``/``faster`` when the medians differ by more than the A/A band,
+        ``within noise`` otherwise, ``?`` when the run had no A/A pair."""
         if math.isnan(self.band):
             return "?"
-        if self.ratio.low > 1 + self.band:
+        if self.ratio.median > 1 + self.band:
             return "slower"
-        if self.ratio.high < 1 / (1 + self.band):
+        if self.ratio.median < 1 / (1 + self.band):
             return "faster"
         return "within noise"
 
@@ -524,7 +521,7 @@ def noise_warnings(results: Sequence[Result]) -> list[str]:
         key = (r.layer, r.pass_)
         if key not in seen and r.aa_band > AA_WARN:
             seen.add(key)
-            lines.append(f"warning: {r.layer}/{r.pass_}: A/A pair differs by up to "
+            lines.append(f"warning: {r.layer}/{r.pass_}: the A/A pair's medians differ by "
                          f"{r.aa_band:.0%} (> {AA_WARN:.0%}); differences smaller than "
                          "that are noise")
         if r.round_spread > SPREAD_WARN:

@@ -172,8 +172,9 @@ def _print_report(report: object, rounds: int, min_run_time: float, seconds: flo
         print(f"skipped {skip.layer}/{skip.path}: {skip.reason}")
     rows = bench.comparisons(results)
     if rows:
-        print("\nmeasured ratios (median of per-round ratios, min-max over rounds; "
-              "'within noise' = inside the A/A band of native vs its forced twin):")
+        print("\nmeasured ratios (median of per-round ratios, min-max over rounds); A/A band "
+              "= gap between the medians of native and its forced twin (same kernel); "
+              "slower/faster only outside it:")
         for c in rows:
             print("  " + c.line())
     for line in bench.noise_warnings(results):

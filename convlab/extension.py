@@ -217,9 +217,12 @@ def check_compiler() -> str:
 def _build_lock(folder: Path) -> Iterator[None]:
     """Serialise convlab builds across processes and clear a stale torch ``lock`` file.
 
-    torch's own lock is a file that a killed build leaves behind, after which every load
-    waits forever. An ``fcntl`` lock dies with its process, so while we hold ours no other
-    convlab load is building, and a ``lock`` file still there is stale.
+    Older torch marks a build in progress with a plain ``lock`` file (``FileBaton``) that a
+    killed build leaves behind, after which every load waits forever. Newer torch (PR
+    #190543) holds an OS file lock on that file instead and leaves the file in place. An
+    ``fcntl`` lock dies with its process, so while we hold ours no other convlab load is
+    building; a ``lock`` file that nobody holds an OS lock on is then a leftover, stale
+    for the old scheme and harmless to remove for the new one.
     """
     folder.mkdir(parents=True, exist_ok=True)
     torch_lock = folder / "lock"
@@ -236,10 +239,24 @@ def _build_lock(folder: Path) -> Iterator[None]:
     with open(folder / "convlab.flock", "w") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
-            torch_lock.unlink(missing_ok=True)
+            _remove_unheld(torch_lock, fcntl)
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _remove_unheld(path: Path, fcntl: object) -> None:
+    """Delete ``path`` unless another process holds an OS lock on it (a live torch build)."""
+    try:
+        handle = open(path)  # noqa: SIM115 - closed below, after the unlink
+    except FileNotFoundError:
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return  # torch's own lock: it waits for that build correctly
+        path.unlink(missing_ok=True)
 
 
 def _build(verbose: bool) -> NativeExtension:

@@ -392,6 +392,20 @@ def test_library_path_does_not_rely_on_cpp_extension_return_value(ext, monkeypat
     assert fresh.library == ext.library and Path(fresh.library).is_file()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="fcntl locks")
+def test_build_lock_keeps_a_torch_lock_that_a_live_build_holds(tmp_path) -> None:
+    # Newer torch holds an OS lock on `lock` while it builds: that file must stay.
+    import fcntl
+
+    lock = tmp_path / "lock"
+    with open(lock, "w") as holder:
+        fcntl.flock(holder, fcntl.LOCK_EX)
+        with extension._build_lock(tmp_path):
+            assert lock.exists()
+    with extension._build_lock(tmp_path):  # nobody holds it any more: a leftover
+        assert not lock.exists()
+
+
 def test_load_without_a_compiler_raises_clearly(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(extension, "_LOADED", None)
     monkeypatch.setenv("CXX", "/nonexistent/c++")

@@ -1,0 +1,50 @@
+"""Configure (once) and build the standalone libtorch program; print the executable's path.
+
+Usage: ``python cpp/standalone/build.py``. The build folder is ``.cache/cpp-standalone``
+at the repository root, reused between runs (a second build only relinks what changed).
+CMake finds libtorch through the installed wheel (``torch.utils.cmake_prefix_path``).
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).resolve().parent
+BUILD = SOURCE.parents[1] / ".cache" / "cpp-standalone"
+
+
+def build(source: Path = SOURCE, build_dir: Path = BUILD) -> Path:
+    """Configure when no CMake cache exists, build, and return the executable's path.
+
+    Raises:
+        RuntimeError: cmake is not installed, or configuring or building failed (the
+            message carries CMake's output).
+    """
+    if shutil.which("cmake") is None:
+        raise RuntimeError("building the standalone program needs cmake: apt-get install cmake")
+    steps = []
+    if not (build_dir / "CMakeCache.txt").exists():
+        generator = ["-G", "Ninja"] if shutil.which("ninja") else []
+        steps.append(["cmake", "-S", str(source), "-B", str(build_dir), *generator,
+                      "-DCMAKE_BUILD_TYPE=Release",
+                      f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}"])
+    steps.append(["cmake", "--build", str(build_dir)])
+    for cmd in steps:
+        done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd[:2])} failed:\n{done.stdout[-3000:]}"
+                               f"{done.stderr[-3000:]}")
+    return build_dir / "conv_backward"
+
+
+if __name__ == "__main__":
+    try:
+        print(build())
+    except RuntimeError as err:
+        print(err, file=sys.stderr)
+        sys.exit(1)

@@ -1,0 +1,102 @@
+"""convlab.im2col: the two layouts, their adjoints, and agreement with F.unfold / F.fold."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from convlab.im2col import col2im, im2col, im2row, row2im
+
+DT = torch.float64
+
+
+@st.composite
+def windows(draw: st.DrawFn, max_dim: int = 3):
+    """(x, kernel, out_size, stride, padding, dilation, groups), out_size possibly short."""
+    dim = draw(st.integers(1, max_dim))
+    groups = draw(st.integers(1, 3))
+    c = groups * draw(st.integers(1, 2))
+    n = draw(st.integers(0, 2))
+    kernel = [draw(st.integers(1, 3)) for _ in range(dim)]
+    stride = [draw(st.integers(1, 3)) for _ in range(dim)]
+    dilation = [draw(st.integers(1, 2)) for _ in range(dim)]
+    padding = [draw(st.integers(0, 2)) for _ in range(dim)]
+    size = [max(1, d * (k - 1) + 1 - 2 * p) + draw(st.integers(0, 3))
+            for k, d, p in zip(kernel, dilation, padding, strict=True)]
+    full = [(s + 2 * p - d * (k - 1) - 1) // st_ + 1
+            for s, p, d, k, st_ in zip(size, padding, dilation, kernel, stride, strict=True)]
+    out = [draw(st.integers(1, f)) for f in full]
+    x = torch.randn(n, c, *size, dtype=DT)
+    return x, kernel, out, stride, padding, dilation, groups
+
+
+@settings(max_examples=60, deadline=None)
+@given(windows())
+def test_col2im_and_row2im_are_the_adjoints(case) -> None:
+    """<im2col(x), c> == <x, col2im(c)> for random c, N-d, groups, short out_size."""
+    x, kernel, out, stride, padding, dilation, groups = case
+    args = (kernel, out, stride, padding, dilation)
+    for unfold, fold in ((im2col, col2im), (im2row, row2im)):
+        cols = unfold(x, *args, groups)
+        c = torch.randn_like(cols)
+        folded = fold(c, x.shape, *args)
+        assert folded.shape == x.shape and folded.is_contiguous()
+        torch.testing.assert_close((cols * c).sum(), (x * folded).sum(), rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=40, deadline=None)
+@given(windows(max_dim=2).filter(lambda c: len(c[1]) == 2))
+def test_two_layouts_hold_the_same_entries_as_unfold(case) -> None:
+    """2-d with the full output size: both layouts are permutations of F.unfold's."""
+    x, kernel, _, stride, padding, dilation, groups = case
+    n, c = x.shape[:2]
+    ref = F.unfold(x, kernel, dilation, padding, stride)  # [N, C*k, L]
+    k, positions = math.prod(kernel), ref.shape[-1]
+    full = [(s + 2 * p - d * (kk - 1) - 1) // st_ + 1 for s, p, d, kk, st_ in
+            zip(x.shape[2:], padding, dilation, kernel, stride, strict=True)]
+    args = (kernel, full, stride, padding, dilation, groups)
+    by_group = ref.reshape(n, groups, c // groups, k, positions)  # [N, G, C/G, k, L]
+    expected_cols = by_group.permute(1, 2, 3, 0, 4).reshape(groups, c // groups * k,
+                                                               n * positions)
+    expected_rows = by_group.permute(1, 0, 4, 3, 2).reshape(groups, n * positions,
+                                                               k * (c // groups))
+    torch.testing.assert_close(im2col(x, *args), expected_cols, rtol=0, atol=0)
+    torch.testing.assert_close(im2row(x, *args), expected_rows, rtol=0, atol=0)
+    # col2im agrees with F.fold on the same entries (fold sums overlapping windows too)
+    grad = torch.randn_like(ref)
+    cols = grad.reshape(n, groups, c // groups * k, positions).permute(1, 2, 0, 3)
+    torch.testing.assert_close(
+        col2im(cols.reshape(groups, c // groups * k, n * positions), x.shape, *args[:-1]),
+        F.fold(grad, x.shape[2:], kernel, dilation, padding, stride), rtol=1e-12, atol=1e-12)
+
+
+def test_padding_reads_as_zero_and_is_dropped_on_the_way_back() -> None:
+    x = torch.full((1, 1, 2), float("inf"), dtype=DT)
+    cols = im2row(x, [2], [3], [1], [1], [1], 1)
+    assert cols.tolist() == [[[0.0, float("inf")], [float("inf"), float("inf")],
+                              [float("inf"), 0.0]]]
+    # row2im adds only entries that came from the input: padding entries never reach it
+    back = row2im(torch.ones(1, 3, 2, dtype=DT), x.shape, [2], [3], [1], [1], [1])
+    assert back.tolist() == [[[2.0, 2.0]]]
+
+
+def test_folds_are_differentiable_when_inputs_require_grad() -> None:
+    x = torch.randn(2, 2, 5, dtype=DT)
+    for unfold, fold in ((im2col, col2im), (im2row, row2im)):
+        cols = unfold(x, [3], [3], [1], [0], [1], 2).requires_grad_()
+        assert torch.autograd.gradcheck(lambda c, fold=fold: fold(c, x.shape, [3], [3], [1],
+                                                                   [0], [1]), (cols,))
+
+
+@pytest.mark.parametrize("fn", [im2col, im2row])
+def test_mismatched_ranks_are_named(fn) -> None:
+    x = torch.randn(1, 2, 5, 5)
+    with pytest.raises(ValueError, match="stride"):
+        fn(x, [3, 3], [3, 3], [1], [0, 0], [1, 1], 1)
+    with pytest.raises(ValueError, match="input must be"):
+        fn(x[0], [3, 3], [3, 3], [1, 1], [0, 0], [1, 1], 1)

@@ -1,16 +1,22 @@
 """The rendered site in a real browser: every page of ``_build/html`` in headless Chromium.
 
 ``make test`` builds the book first; these tests fail (they do not skip) when the build is
-missing. Each page is opened once over a local HTTP server and checked for console errors,
-broken images, untypeset math, dead internal links and anchors, requests that leave
-127.0.0.1, and (on notebook pages) the Colab launch link. Screenshots of the landing page
-and one chapter go to ``_build/screenshots/`` for a human look.
+missing. They skip, with the reason, only where the browser itself is absent: without the
+``playwright`` package or without ``/usr/bin/chromium`` (``make system-deps`` installs it).
+
+Every page is opened once at 1366 px (a laptop) and once at 390 px (a phone) and checked
+for console errors, broken images, math that MathJax did not typeset, raw TeX, dead
+internal links and anchors, requests that leave 127.0.0.1, content wider than its column,
+figures without caption or real alt text, and page weight. The navigation buttons, the
+colour-mode button and the landing page's structure are tried as a reader would. Screenshots
+of the landing page and the first chapter at both widths go to ``_build/screenshots/``.
 """
 
 from __future__ import annotations
 
 import functools
 import http.server
+import os
 import re
 import sys
 import threading
@@ -22,8 +28,12 @@ from urllib.parse import unquote, urlsplit
 
 import pytest
 import yaml
-from playwright.sync_api import TimeoutError as PlaywrightTimeout
-from playwright.sync_api import sync_playwright
+
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="playwright is not installed (pip install -r requirements.txt)"
+)
+PlaywrightTimeout = sync_api.TimeoutError
+sync_playwright = sync_api.sync_playwright
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "scripts"))
@@ -31,8 +41,9 @@ from toc_notebooks import toc_files  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
-HTML = ROOT / "_build" / "html"
-SHOTS = ROOT / "_build" / "screenshots"
+# BOOK_HTML: check another build folder (e.g. one made with --path-output) than _build/html.
+HTML = Path(os.environ.get("BOOK_HTML", ROOT / "_build" / "html"))
+SHOTS = HTML.parent / "screenshots"
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_FLAGS = [
     "--headless",
@@ -43,11 +54,24 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     "--no-first-run",
 ]
+WIDE, PHONE = 1366, 390
+VIEWPORTS = {WIDE: {"width": WIDE, "height": 900}, PHONE: {"width": PHONE, "height": 844}}
 CONFIG = yaml.safe_load((ROOT / "_config.yml").read_text())
+TOC = yaml.safe_load((ROOT / "_toc.yml").read_text())
 # Folders of the build that hold assets and copies of sources, not pages.
 NOT_PAGES = {"_static", "_sources", "_images", "_sphinx_design_static"}
-# TeX left in prose means MathJax did not run (or the markup never reached it).
-RAW_TEX = re.compile(r"\$\$|\\\(|\\\[|\\(frac|sum|partial|begin|mathbf|mathrm|left|right)\b")
+# TeX left in the text after MathJax ran: display delimiters, \( \[, any \command, or
+# $...$ that dollarmath never parsed.
+RAW_TEX = re.compile(
+    r"\$\$|\\\(|\\\[|\\[A-Za-z]{2,}|(?<![\w$])\$[^\s$][^$\n]{0,80}(?<=\S)\$(?![\w$])"
+)
+# An alt text that is only a file name (what Sphinx writes when a figure has none).
+FILE_NAME_ALT = re.compile(r"(^|/)[\w.-]+\.(png|jpe?g|svg|gif|webp)$|^[0-9a-f]{16,}", re.I)
+# A hand-written chapter number in front of a title: "3. ", "3 - ", "Chapter 3:".
+HAND_NUMBER = re.compile(r"^\s*(chapter\s+)?\d+\s*[.:)\-–]\s", re.I)
+# Page weight budget: MathJax (1.2 MB, on pages with math only) plus the theme's CSS, fonts
+# and scripts (about 0.9 MB) and the page itself. Before this budget, pages loaded 3.6-4 MB.
+MAX_PAGE_BYTES = 2_600_000
 # jupyter-book writes a root index.html that only redirects to the landing page.
 REDIRECT = re.compile(r'<meta[^>]+http-equiv="refresh"[^>]+url=([^"]+)"', re.I)
 
@@ -60,6 +84,13 @@ def colab_link(entry: str) -> str:
     path = f"{prefix}/{entry}.ipynb" if prefix else f"{entry}.ipynb"
     colab = CONFIG["launch_buttons"]["colab_url"].rstrip("/")
     return f"{colab}/github/{org_repo}/blob/{repo['branch']}/{path}"
+
+
+def chapters() -> list[str]:
+    """Entries of the numbered part of ``_toc.yml`` (the chapters), in order."""
+    numbered = [p for p in TOC.get("parts", []) if p.get("numbered")]
+    assert numbered, "_toc.yml has no part with `numbered: true`"
+    return [c["file"] for part in numbered for c in part["chapters"]]
 
 
 class _IdCollector(HTMLParser):
@@ -85,9 +116,10 @@ def anchors_of(path: Path) -> frozenset[str]:
 
 @dataclass
 class Visit:
-    """What one page showed in the browser."""
+    """What one page showed in the browser at one width."""
 
     page: str
+    width: int
     errors: list[str] = field(default_factory=list)
     requests: list[str] = field(default_factory=list)
     data: dict = field(default_factory=dict)
@@ -109,11 +141,61 @@ async () => {
     if (!el || el.closest(skip) || !el.checkVisibility()) continue;
     prose.push(n.textContent);
   }
+  const article = document.querySelector('.bd-article');
+  const container = document.querySelector('.bd-article-container');
+  const label = e => {
+    const own = e.closest('.cell') || e.closest('section');
+    const where = own && own.id ? '#' + own.id : (own && own.querySelector('[id]')
+      ? '#' + own.querySelector('[id]').id : '');
+    const text = (e.innerText || e.textContent || '').trim().replace(/\\s+/g, ' ');
+    return `${e.tagName.toLowerCase()}.${[...e.classList].slice(0, 2).join('.')} ${where}`
+      + ` "${text.slice(0, 50)}"`;
+  };
+  // Content wider than its column: boxes that scroll sideways, and boxes that stick out.
+  const wide = [];
+  if (article) {
+    const right = article.getBoundingClientRect().right;
+    const scrollers = 'pre, div.output, .cell_output > div, mjx-container[display="true"], '
+      + 'div.math-wrapper, div.pst-scrollable-table-container, .table-wrapper';
+    for (const e of article.querySelectorAll(scrollers)) {
+      if (!e.checkVisibility()) continue;
+      if (e.scrollWidth > e.clientWidth + 1) {
+        wide.push(`${label(e)} is ${e.scrollWidth} px wide in ${e.clientWidth} px`);
+      }
+    }
+    for (const e of article.querySelectorAll('table, img, figure, mjx-container, dl')) {
+      if (!e.checkVisibility()) continue;
+      const r = e.getBoundingClientRect();
+      if (r.right > right + 1) {
+        wide.push(`${label(e)} sticks out ${Math.round(r.right - right)} px`);
+      }
+    }
+  }
+  if (container && container.scrollWidth > container.clientWidth + 1) {
+    // Name the culprits: the innermost boxes past the edge that do not scroll themselves.
+    const edge = container.getBoundingClientRect().right + 1;
+    const boxes = 'pre, .highlight, div.output, mjx-container, .pst-scrollable-table-container';
+    const out = [...article.querySelectorAll('*')].filter(e => {
+      if (e.parentElement && e.parentElement.closest(boxes)) return false;
+      return e.getBoundingClientRect().right > edge && ![...e.children].some(
+        c => c.getBoundingClientRect().right > edge);
+    });
+    wide.push(`the article scrolls sideways: ${container.scrollWidth} px in `
+      + `${container.clientWidth} px; past the edge: ${out.slice(0, 3).map(label).join('; ')}`);
+  }
+  const figures = [...(article ? article.querySelectorAll('img') : [])].map(i => {
+    const fig = i.closest('figure');
+    const cap = fig && fig.querySelector('figcaption');
+    return {src: i.getAttribute('src'), alt: i.getAttribute('alt') || '',
+            caption: cap ? cap.innerText.trim() : ''};
+  });
   const math = [...document.querySelectorAll('.math')];
+  const resources = performance.getEntriesByType('resource').map(r => r.name);
   return {
     images: imgs.map(i => ({src: i.currentSrc || i.src, ok: i.complete && i.naturalWidth > 0})),
     mathNodes: math.length,
     mathTypeset: math.filter(m => m.querySelector('mjx-container')).length,
+    mathErrors: document.querySelectorAll('mjx-merror, [data-mjx-error]').length,
     mjx: document.querySelectorAll('mjx-container').length,
     prose: prose.join(' '),
     links: [...document.querySelectorAll('a[href]')].map(a => a.href),
@@ -121,6 +203,14 @@ async () => {
     functions: document.querySelectorAll('dl.py.function, dl.py.method').length,
     signatures: document.querySelectorAll('dt.sig').length,
     ids: [...document.querySelectorAll('[id], a[name]')].map(e => e.id || e.name),
+    docWidth: document.documentElement.scrollWidth,
+    viewWidth: window.innerWidth,
+    wide: wide,
+    figures: figures,
+    resources: [location.href, ...resources],
+    sidebar: [...document.querySelectorAll('nav.bd-docs-nav li.toctree-l1 > a')].map(a => ({
+      href: a.href, text: a.innerText.trim()})),
+    h1: (document.querySelector('.bd-article h1') || {innerText: ''}).innerText.trim(),
   };
 }
 """
@@ -152,7 +242,7 @@ def site() -> Iterator[str]:
 def browser() -> Iterator[object]:
     """One headless Chromium (Debian's) for the whole module."""
     if not CHROMIUM.exists():
-        pytest.fail(f"{CHROMIUM} is missing: run `make browser-deps`", pytrace=False)
+        pytest.skip(f"{CHROMIUM} is missing: run `make system-deps`")
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(
             executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS
@@ -172,9 +262,17 @@ def pages() -> list[str]:
     return [landing] + [p for p in found if p != landing]
 
 
-def visit(context: object, base: str, page: str, shot: Path | None = None) -> Visit:
-    """Open one page, wait for MathJax, and collect what the checks need."""
-    result = Visit(page)
+def new_context(browser: object, width: int) -> object:
+    """A browser context at one width in which nothing may leave the machine."""
+    context = browser.new_context(viewport=VIEWPORTS[width])
+    # Requests to any other host are recorded, then aborted (so a stray CDN URL fails fast
+    # here instead of hanging on a network that is not there).
+    context.route(re.compile(r"^(https?|wss?)://(?!127\.0\.0\.1[:/])"), lambda r: r.abort())
+    return context
+
+
+def open_page(context: object, url: str, result: Visit) -> object:
+    """Open ``url`` in a new tab, recording errors and requests, and wait for MathJax."""
 
     def on_console(message: object) -> None:
         if message.type == "error":
@@ -190,47 +288,66 @@ def visit(context: object, base: str, page: str, shot: Path | None = None) -> Vi
     tab.on("request", lambda request: result.requests.append(request.url))
     tab.on("requestfailed", lambda request: result.errors.append(f"failed: {request.url}"))
     tab.on("response", on_response)
+    tab.goto(url, wait_until="load")
+    if tab.evaluate("() => document.querySelector('.math') !== null"):
+        try:
+            tab.wait_for_function(
+                "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
+                timeout=15_000,
+            )
+            tab.evaluate("() => MathJax.startup.promise")
+        except PlaywrightTimeout:
+            result.errors.append("MathJax never started on a page with math")
+    return tab
+
+
+def visit(context: object, base: str, page: str, shots: str | None) -> list[Visit]:
+    """Open one page, collect what the checks need at 1366 px, then again at 390 px.
+
+    The phone width reuses the loaded page (the viewport is resized, so the theme's media
+    queries apply as on a phone): one load per page keeps the whole module fast.
+    """
+    wide = Visit(page, WIDE)
+    tab = open_page(context, base + page, wide)
+    found = []
     try:
-        tab.goto(base + page, wait_until="load")
-        has_math = tab.evaluate("() => document.querySelector('.math') !== null")
-        if has_math:
-            try:
-                tab.wait_for_function(
-                    "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
-                    timeout=15_000,
-                )
-                tab.evaluate("() => MathJax.startup.promise")
-            except PlaywrightTimeout:
-                result.errors.append("MathJax never started on a page with math")
-        result.data = tab.evaluate(COLLECT_JS)
-        if shot is not None:
-            shot.parent.mkdir(parents=True, exist_ok=True)
-            tab.screenshot(path=str(shot), full_page=False)
+        for width in (WIDE, PHONE):
+            result = wide if width == WIDE else Visit(page, width)
+            if width != WIDE:
+                tab.set_viewport_size(VIEWPORTS[width])
+                tab.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+            result.data = tab.evaluate(COLLECT_JS)
+            found.append(result)
+            if shots is not None:
+                SHOTS.mkdir(parents=True, exist_ok=True)
+                tab.evaluate("() => window.scrollTo(0, 0)")
+                tab.screenshot(path=str(SHOTS / f"{shots}-{width}.png"), full_page=False)
     finally:
         tab.close()
-    return result
+    return found
 
 
 @pytest.fixture(scope="module")
-def visits(site: str, browser: object) -> dict[str, Visit]:
-    """Every page visited once; screenshots of the landing page and the first chapter."""
-    entries = toc_files()
-    chapter = f"{entries[1]}.html" if len(entries) > 1 else None
-    shots = {pages()[0]: SHOTS / "landing.png"}
-    if chapter:
-        shots[chapter] = SHOTS / "chapter.png"
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
-    # Nothing may leave the machine: requests to any other host are recorded, then aborted
-    # (so a stray CDN URL fails fast here instead of hanging on a network that is not there).
-    context.route(re.compile(r"^(https?|wss?)://(?!127\.0\.0\.1[:/])"), lambda r: r.abort())
+def visits(site: str, browser: object) -> dict[tuple[str, int], Visit]:
+    """Every page at both widths; screenshots of the landing page and chapter 1."""
+    shots = {pages()[0]: "landing", f"{chapters()[0]}.html": "chapter"}
+    context = new_context(browser, WIDE)
     try:
-        return {p: visit(context, site, p, shots.get(p)) for p in pages()}
+        return {
+            (v.page, v.width): v
+            for page in pages()
+            for v in visit(context, site, page, shots.get(page))
+        }
     finally:
         context.close()
 
 
+def at(visits: dict[tuple[str, int], Visit], width: int) -> list[Visit]:
+    return [v for (_, w), v in visits.items() if w == width]
+
+
 def report(problems: list[str]) -> str:
-    return f"{len(problems)} problem(s):\n  " + "\n  ".join(problems[:40])
+    return f"{len(problems)} problem(s):\n  " + "\n  ".join(problems[:60])
 
 
 def test_root_redirects_to_the_landing_page() -> None:
@@ -242,17 +359,17 @@ def test_root_redirects_to_the_landing_page() -> None:
     assert target == pages()[0], f"index.html redirects to {target}, not the toc root"
 
 
-def test_every_toc_page_was_built_and_visited(visits: dict[str, Visit]) -> None:
-    missing = [e for e in toc_files() if f"{e}.html" not in visits]
+def test_every_toc_page_was_built_and_visited(visits: dict) -> None:
+    missing = [e for e in toc_files() for w in VIEWPORTS if (f"{e}.html", w) not in visits]
     assert not missing, f"toc entries without a visited page: {missing}"
 
 
-def test_no_console_errors(visits: dict[str, Visit]) -> None:
-    problems = [f"{v.page}: {e}" for v in visits.values() for e in v.errors]
+def test_no_console_errors(visits: dict) -> None:
+    problems = [f"{v.page} @{v.width}: {e}" for v in visits.values() for e in v.errors]
     assert not problems, report(problems)
 
 
-def test_no_request_leaves_localhost(visits: dict[str, Visit]) -> None:
+def test_no_request_leaves_localhost(visits: dict) -> None:
     problems = [
         f"{v.page}: {url}"
         for v in visits.values()
@@ -263,39 +380,95 @@ def test_no_request_leaves_localhost(visits: dict[str, Visit]) -> None:
     assert not problems, report(problems)
 
 
-def test_every_image_loads(visits: dict[str, Visit]) -> None:
+def test_every_image_loads(visits: dict) -> None:
     problems = [
         f"{v.page}: {img['src']}"
-        for v in visits.values()
+        for v in at(visits, WIDE)
         for img in v.data["images"]
         if not img["ok"]
     ]
     assert not problems, report(problems)
 
 
-def test_math_is_typeset(visits: dict[str, Visit]) -> None:
+def test_math_is_typeset_and_no_raw_tex(visits: dict) -> None:
     problems = []
-    for v in visits.values():
+    for v in at(visits, WIDE):
         d = v.data
         if d["mathNodes"] and d["mathTypeset"] < d["mathNodes"]:
             problems.append(f"{v.page}: {d['mathTypeset']} of {d['mathNodes']} math nodes typeset")
-        raw = RAW_TEX.search(d["prose"])
-        if raw:
+        if d["mathErrors"]:
+            problems.append(f"{v.page}: {d['mathErrors']} MathJax error node(s)")
+        for raw in RAW_TEX.finditer(d["prose"]):
             start = max(raw.start() - 40, 0)
-            problems.append(
-                f"{v.page}: raw TeX in the text: ...{d['prose'][start : raw.end() + 40]}"
-            )
+            problems.append(f"{v.page}: raw TeX: ...{d['prose'][start : raw.end() + 40]}")
     assert not problems, report(problems)
 
 
-def test_some_page_has_math(visits: dict[str, Visit]) -> None:
+def test_some_page_has_math(visits: dict) -> None:
     """Guards the check above: a book about gradients without typeset math is broken."""
-    assert any(v.data["mjx"] > 0 for v in visits.values()), "no page has MathJax output"
+    assert any(v.data["mjx"] > 0 for v in at(visits, WIDE)), "no page has MathJax output"
 
 
-def test_internal_links_resolve(site: str, visits: dict[str, Visit]) -> None:
+def test_nothing_is_wider_than_its_column_at_1366(visits: dict) -> None:
+    problems = [f"{v.page}: {w}" for v in at(visits, WIDE) for w in v.data["wide"]]
+    assert not problems, report(problems)
+
+
+def test_no_page_is_wider_than_a_phone(visits: dict) -> None:
     problems = []
-    for v in visits.values():
+    for v in at(visits, PHONE):
+        d = v.data
+        if d["docWidth"] > d["viewWidth"]:
+            problems.append(f"{v.page}: the document is {d['docWidth']} px wide at {PHONE} px")
+        problems += [f"{v.page}: {w}" for w in d["wide"] if w.startswith("the article")]
+    assert not problems, report(problems)
+
+
+def test_figures_have_numbered_captions_and_alt_text(visits: dict) -> None:
+    problems = []
+    for entry in chapters():
+        for fig in visits[f"{entry}.html", WIDE].data["figures"]:
+            name = Path(fig["src"] or "").name[:24]
+            if not fig["alt"].strip() or FILE_NAME_ALT.search(fig["alt"].strip()):
+                problems.append(f"{entry}: {name}: alt text is {fig['alt']!r}")
+            if not re.match(r"Fig\. \d+\s*\S", fig["caption"]):
+                problems.append(f"{entry}: {name}: no numbered caption ({fig['caption'][:40]!r})")
+    assert not problems, report(problems)
+
+
+def test_sidebar_numbers_the_chapters(visits: dict) -> None:
+    entries = chapters()
+    sidebar = visits[f"{entries[0]}.html", WIDE].data["sidebar"]
+    by_page = {urlsplit(item["href"]).path.rsplit("/", 1)[-1]: item["text"] for item in sidebar}
+    problems = []
+    for number, entry in enumerate(entries, start=1):
+        text = by_page.get(f"{Path(entry).name}.html")
+        if text is None:
+            problems.append(f"{entry}: not in the sidebar")
+            continue
+        if not text.startswith(f"{number}. "):
+            problems.append(f"{entry}: sidebar reads {text!r}, expected '{number}. ...'")
+        elif HAND_NUMBER.match(text[len(f"{number}. ") :]):
+            problems.append(f"{entry}: hand-numbered title {text!r}")
+    assert not problems, report(problems)
+
+
+def test_chapters_link_the_glossary_and_the_api(visits: dict) -> None:
+    problems = []
+    for entry in chapters():
+        links = [urlsplit(h) for h in visits[f"{entry}.html", WIDE].data["links"]]
+        if not any(p.path.endswith("/glossary.html") and p.fragment.startswith("term-")
+                   for p in links):
+            problems.append(f"{entry}: no {{term}} link to the glossary")
+        if not any("/book/api/" in p.path and p.fragment.startswith("convlab.") for p in links):
+            problems.append(f"{entry}: no link to a convlab function on the API pages")
+    assert not problems, report(problems)
+
+
+def test_internal_links_resolve(site: str, visits: dict) -> None:
+    problems = []
+    wide = {v.page: v for v in at(visits, WIDE)}
+    for v in wide.values():
         for href in set(v.data["links"]):
             parts = urlsplit(href)
             if not href.startswith(site) or parts.scheme not in ("http", "https"):
@@ -309,44 +482,217 @@ def test_internal_links_resolve(site: str, visits: dict[str, Visit]) -> None:
                 continue
             if parts.fragment and target.suffix == ".html":
                 page = target.relative_to(HTML).as_posix()
-                ids = set(visits[page].data["ids"]) if page in visits else anchors_of(target)
+                ids = set(wide[page].data["ids"]) if page in wide else anchors_of(target)
                 if unquote(parts.fragment) not in ids:
                     problems.append(f"{v.page}: link to missing anchor {rel}#{parts.fragment}")
     assert not problems, report(problems)
 
 
-def test_notebook_pages_have_the_colab_link(visits: dict[str, Visit]) -> None:
+def test_notebook_pages_have_the_colab_link(visits: dict) -> None:
     notebooks = [e for e in toc_files() if (ROOT / f"{e}.ipynb").exists()]
     assert notebooks, "no notebook in _toc.yml"
     problems = []
     for entry in notebooks:
         want = colab_link(entry)
-        found = visits[f"{entry}.html"].data["colab"]
+        found = visits[f"{entry}.html", WIDE].data["colab"]
         if want not in found:
             problems.append(f"{entry}: want {want}, found {found or 'no Colab link'}")
     assert not problems, report(problems)
 
 
-def test_api_page_renders_signatures(visits: dict[str, Visit]) -> None:
-    api = visits.get("book/api.html")
-    assert api is not None, "book/api.html was not built (is book/api in _toc.yml?)"
-    assert api.data["functions"] > 0, "no rendered function entries (dl.py.function)"
-    assert api.data["signatures"] > 0, "no rendered signatures (dt.sig)"
-    assert "automodule" not in api.data["prose"], "raw autodoc directives on the API page"
+def api_pages(visits: dict) -> list[Visit]:
+    return [v for v in at(visits, WIDE) if v.page.startswith("book/api/")]
 
 
-def test_api_page_documents_every_module(visits: dict[str, Visit]) -> None:
+def test_api_pages_render_signatures(visits: dict) -> None:
+    pages_ = api_pages(visits)
+    assert pages_, "no book/api/*.html page was built (are they in _toc.yml?)"
+    problems = []
+    for v in pages_:
+        if "automodule" in v.data["prose"]:
+            problems.append(f"{v.page}: raw autodoc directive")
+    assert sum(v.data["functions"] for v in pages_) > 0, "no rendered function entries"
+    assert sum(v.data["signatures"] for v in pages_) > 0, "no rendered signatures (dt.sig)"
+    assert not problems, report(problems)
+
+
+def test_api_pages_document_every_module(visits: dict) -> None:
     modules = sorted(
         p.stem for p in (ROOT / "convlab").glob("*.py") if p.stem not in {"__init__", "__main__"}
     )
-    api = visits.get("book/api.html")
-    assert api is not None, "book/api.html was not built (is book/api in _toc.yml?)"
-    ids = set(api.data["ids"])
+    ids = {i for v in api_pages(visits) for i in v.data["ids"]}
     missing = [m for m in modules if f"module-convlab.{m}" not in ids]
-    assert not missing, f"convlab modules without a section in book/api.md: {missing}"
+    assert not missing, f"convlab modules without a page under book/api/: {missing}"
 
 
-def test_screenshots_were_saved(visits: dict[str, Visit]) -> None:
-    for name in ("landing.png", "chapter.png"):
-        shot = SHOTS / name
-        assert shot.is_file() and shot.stat().st_size > 10_000, f"missing or blank {shot}"
+def test_no_fontawesome_script_and_mathjax_only_with_math(visits: dict) -> None:
+    problems = []
+    for v in at(visits, WIDE):
+        loaded = [urlsplit(u).path for u in v.data["resources"]]
+        if any("/fontawesome/" in p and p.endswith(".js") for p in loaded):
+            problems.append(f"{v.page}: loads the 1.5 MB Font Awesome script")
+        mathjax = any("/mathjax/" in p for p in loaded)
+        if mathjax and not v.data["mathNodes"]:
+            problems.append(f"{v.page}: loads MathJax but has no math")
+    assert not problems, report(problems)
+
+
+def page_bytes(site: str, resources: list[str]) -> int:
+    """Bytes of the files a page loaded from the site (its HTML, CSS, JS, fonts, images)."""
+    total = 0
+    for url in set(resources):
+        if not url.startswith(site):
+            continue
+        path = HTML / unquote(urlsplit(url).path[len(urlsplit(site).path) :])
+        total += path.stat().st_size if path.is_file() else 0
+    return total
+
+
+def test_page_weight(site: str, visits: dict) -> None:
+    weights = {v.page: page_bytes(site, v.data["resources"]) for v in at(visits, WIDE)}
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    (SHOTS / "page-weight.txt").write_text(
+        "".join(f"{b:>9} {p}\n" for p, b in sorted(weights.items(), key=lambda x: -x[1]))
+    )
+    heavy = [f"{p}: {b / 1e6:.2f} MB" for p, b in weights.items() if b > MAX_PAGE_BYTES]
+    assert not heavy, report(heavy)
+
+
+def landing_structure(tab: object) -> dict:
+    return tab.evaluate(
+        """() => {
+      const art = document.querySelector('.bd-article');
+      const blocks = [...art.querySelectorAll('h2, p, ol, ul, table, div.highlight')];
+      const firstTable = blocks.findIndex(b => b.tagName === 'TABLE');
+      const lists = [...art.querySelectorAll('ol')].map(ol => ({
+        index: blocks.indexOf(ol),
+        items: [...ol.children].map(li => [...li.querySelectorAll('a')].map(a => a.href)),
+        lines: [...ol.children].map(li => li.getBoundingClientRect().height /
+          parseFloat(getComputedStyle(li).lineHeight)),
+      }));
+      const answers = blocks.map((b, i) => [b, i]).filter(([b]) => {
+        const s = b.querySelector(':scope > strong:first-child');
+        return b.tagName === 'P' && s && s.innerText.trim().endsWith('?');
+      }).map(([, i]) => i);
+      const start = [...art.querySelectorAll('a')].filter(a =>
+        /start with chapter 1/i.test(a.closest('p, li, div').innerText));
+      return {answers, lists, firstTable, start: start.map(a => a.href), n: blocks.length};
+    }"""
+    )
+
+
+def test_landing_page_starts_with_answers_then_chapters(site: str, browser: object) -> None:
+    """The three answers first, a numbered chapter list (one link each), "start with chapter 1"."""
+    context = new_context(browser, WIDE)
+    try:
+        result = Visit(pages()[0], WIDE)
+        tab = open_page(context, site + pages()[0], result)
+        d = landing_structure(tab)
+    finally:
+        context.close()
+    entries = [f"{e}.html" for e in chapters()]
+
+    def links_to(href: str, entry: str) -> bool:
+        return urlsplit(href).path.endswith("/" + entry)
+
+    chapter_lists = [
+        ol for ol in d["lists"]
+        if len(ol["items"]) == len(entries)
+        and all(
+            any(links_to(h, e) for h in item)
+            for item, e in zip(ol["items"], entries, strict=True)
+        )
+    ]
+    assert len(d["answers"]) >= 3, "fewer than three question-and-answer paragraphs"
+    assert chapter_lists, f"no numbered list linking the {len(entries)} chapters in order"
+    first_list = chapter_lists[0]
+    assert d["answers"][2] < first_list["index"], "the chapter list comes before the answers"
+    assert d["firstTable"] < 0 or d["firstTable"] > first_list["index"], (
+        "a table comes before the chapter list"
+    )
+    assert max(first_list["lines"]) < 2.6, "a chapter-list item takes more than two lines"
+    assert any(links_to(h, entries[0]) for h in d["start"]), (
+        "no 'start with chapter 1' sentence linking chapter 1"
+    )
+
+
+def visible(tab: object, selector: str) -> bool:
+    """Whether an element is on screen (inside the viewport, not hidden)."""
+    return tab.evaluate(
+        """(sel) => {
+      const e = document.querySelector(sel);
+      if (!e || !e.checkVisibility({visibilityProperty: true, opacityProperty: true})) {
+        return false;
+      }
+      const r = e.getBoundingClientRect();
+      return r.width > 50 && r.right > 10 && r.left < innerWidth - 10;
+    }""",
+        selector,
+    )
+
+
+@pytest.mark.parametrize("width", [PHONE, WIDE])
+def test_navigation_buttons_open_and_close_the_sidebars(
+    site: str, browser: object, width: int
+) -> None:
+    """Tap the chapter-list button (and the contents button), as a reader would."""
+    page = f"{chapters()[0]}.html"
+    context = new_context(browser, width)
+    problems = []
+    try:
+        result = Visit(page, width)
+        tab = open_page(context, site + page, result)
+        for name, button, panel in (
+            ("chapter list", ".primary-toggle", ".bd-sidebar-primary"),
+            ("contents", ".secondary-toggle", ".bd-sidebar-secondary"),
+        ):
+            buttons = tab.locator(button)
+            shown = [i for i in range(buttons.count()) if buttons.nth(i).is_visible()]
+            if width == WIDE and name == "contents" and not shown:
+                # At 1366 px the contents panel is always shown, without a button.
+                if not visible(tab, panel):
+                    problems.append(f"{width}: no contents panel and no button")
+                continue
+            if len(shown) != 1:
+                problems.append(f"{width}: {len(shown)} visible {name} buttons, want 1")
+                continue
+            before = visible(tab, panel)
+            buttons.nth(shown[0]).click()
+            tab.wait_for_timeout(400)
+            after = visible(tab, panel)
+            if after == before:
+                problems.append(f"{width}: the {name} button left the panel "
+                                f"{'shown' if after else 'hidden'}")
+            if width == PHONE and not after:
+                problems.append(f"{width}: the {name} did not open")
+            tab.keyboard.press("Escape")
+            if width == PHONE and visible(tab, panel):
+                tab.mouse.click(width - 5, 400)  # tap the dimmed page beside the panel
+            tab.wait_for_timeout(300)
+        problems += result.errors
+    finally:
+        context.close()
+    assert not problems, report(problems)
+
+
+def test_colour_mode_button_changes_the_mode_on_the_first_click(
+    site: str, browser: object
+) -> None:
+    context = new_context(browser, WIDE)
+    try:
+        tab = open_page(context, site + pages()[0], Visit(pages()[0], WIDE))
+        before = tab.evaluate("() => document.documentElement.dataset.theme")
+        tab.locator(".theme-switch-button").first.click()
+        tab.wait_for_timeout(200)
+        after = tab.evaluate("() => document.documentElement.dataset.theme")
+    finally:
+        context.close()
+    assert before in ("light", "dark"), f"no colour mode on the page ({before!r})"
+    assert after != before, f"one click left the page {before}"
+
+
+def test_screenshots_were_saved(visits: dict) -> None:
+    for name in ("landing", "chapter"):
+        for width in VIEWPORTS:
+            shot = SHOTS / f"{name}-{width}.png"
+            assert shot.is_file() and shot.stat().st_size > 10_000, f"missing or blank {shot}"

@@ -16,17 +16,16 @@ from collections.abc import Sequence
 
 import torch
 
-from convlab.backends import (
-    BACKEND_CHOICES,
-    CONV_BACKENDS,
-    SLOW_BACKENDS,
-    BackendMismatch,
-    available_backends,
-    backend_memory_format,
-    backend_name,
-    select_backend,
-    use_backend,
-)
+# Re-exported: notebooks and scripts import these from convlab.native.
+from convlab.backends import BACKEND_CHOICES as BACKEND_CHOICES
+from convlab.backends import CONV_BACKENDS as CONV_BACKENDS
+from convlab.backends import SLOW_BACKENDS as SLOW_BACKENDS
+from convlab.backends import BackendMismatch as BackendMismatch
+from convlab.backends import available_backends as available_backends
+from convlab.backends import backend_memory_format as backend_memory_format
+from convlab.backends import backend_name as backend_name
+from convlab.backends import select_backend as select_backend
+from convlab.backends import use_backend as use_backend
 from convlab.params import (
     ConvParams,
     IntOrSeq,
@@ -35,7 +34,7 @@ from convlab.params import (
     check_tensor,
 )
 
-__all__ = [
+__all__ = [  # the re-exports too, so that convlab.native.use_backend etc. stay documented
     "BACKEND_CHOICES",
     "CONV_BACKENDS",
     "SLOW_BACKENDS",
@@ -84,9 +83,9 @@ def backward_params(
 ) -> ConvParams:
     """Validate the tensors and hyper-parameters of a ``convolution_backward`` call.
 
-    Checks what :meth:`ConvParams.for_tensors` checks, ``grad_output`` against the forward
-    output's shape, dtype and device, and that ``output_padding`` is zero unless
-    ``transposed`` (ATen rejects it there too, with a RuntimeError).
+    Checks what :meth:`convlab.params.ConvParams.for_tensors` checks, ``grad_output``
+    against the forward output's shape, dtype and device, and that ``output_padding`` is
+    zero unless ``transposed`` (ATen rejects it there too, with a RuntimeError).
     """
     p = ConvParams.for_tensors(
         input, weight, None, stride, padding, dilation, transposed, output_padding, groups
@@ -164,8 +163,9 @@ def convolution_backward(
 
     Differences from calling ATen directly, each to avoid a wrong or fatal result:
     ``grad_bias`` always has shape ``[C_out]`` (ATen aborts the process for an empty batch
-    with ``bias_sizes=None``); ATen's slow kernels get dense NCHW operands (see
-    :func:`_needs_contiguous`), the results keep the layout ATen would give.
+    with ``bias_sizes=None``); ATen's slow kernels get dense NCHW operands (one of them,
+    ``_slow_conv2d_backward``, returns a wrong ``grad_weight`` for some channels-last
+    inputs), and the results keep the layout ATen would give.
 
     >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     >>> go = torch.ones(2, 4, 6, 6)

@@ -15,6 +15,7 @@ Conventions follow ATen's ``aten::convolution``:
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,32 +25,51 @@ import torch
 IntOrSeq = int | Sequence[int]
 
 
-def normalize(value: IntOrSeq, dim: int, name: str) -> tuple[int, ...]:
-    """Turn an int or a sequence of ints into a ``dim``-tuple.
+def as_int(value: object, name: str) -> int:
+    """``value`` as a Python int, accepting what ATen accepts for an ``int`` argument.
 
-    A single int (or a one-element sequence) is repeated, as ATen does.
+    Any integer type (``int``, ``numpy.int64``, a one-element integer tensor: anything with
+    ``__index__``) is accepted; ``bool`` (an int in Python, but never meant as a size) and
+    floats are rejected with a ``TypeError`` that names ``name``.
+
+    >>> import numpy as np
+    >>> as_int(np.int64(3), "stride")
+    3
+    """
+    if isinstance(value, torch.SymInt):  # symbolic sizes seen by fake kernels under compile
+        return value  # type: ignore[return-value]
+    if isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be an int, got the bool {value!r}")
+    try:
+        return operator.index(value)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def normalize(value: IntOrSeq, dim: int, name: str) -> tuple[int, ...]:
+    """Turn an int or a sequence of ints into a ``dim``-tuple of Python ints.
+
+    A single int (or a one-element sequence) is repeated, as ATen does. Integer types other
+    than ``int`` (NumPy integers, integer tensors) are accepted like ATen accepts them;
+    ``bool``, floats and strings raise a ``TypeError`` naming ``name``.
 
     >>> normalize(2, 3, "stride")
     (2, 2, 2)
     >>> normalize((1, 2), 2, "padding")
     (1, 2)
     """
-    if isinstance(value, torch.Tensor):
+    if isinstance(value, torch.Tensor | np.ndarray):
         value = value.tolist()
-    if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int or a sequence of ints, got a bool")
-    if isinstance(value, int):
-        return (value,) * dim
-    if isinstance(value, str):
+    if isinstance(value, str | bytes):
         raise TypeError(f"{name} must be an int or a sequence of ints, got the string {value!r}")
     if not isinstance(value, Sequence):
-        raise TypeError(
-            f"{name} must be an int or a sequence of ints, got {type(value).__name__}"
-        )
-    items = tuple(value)
-    for item in items:
-        if isinstance(item, bool) or not isinstance(item, int):
-            raise TypeError(f"{name} must contain ints, got {item!r} in {value!r}")
+        if isinstance(value, bool | np.bool_) or not hasattr(value, "__index__"):
+            raise TypeError(
+                f"{name} must be an int or a sequence of ints, got {type(value).__name__} "
+                f"{value!r}"
+            )
+        return (as_int(value, name),) * dim
+    items = tuple(as_int(item, f"each entry of {name}={list(value)!r}") for item in value)
     if len(items) == 1:
         return items * dim
     if len(items) != dim:
@@ -96,19 +116,18 @@ class ConvParams:
         groups: int = 1,
     ) -> ConvParams:
         """Normalise and validate the arguments that do not depend on tensor shapes."""
-        if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
+        dim = as_int(dim, "dim")
+        if dim < 1:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if not isinstance(transposed, bool):
+        if not isinstance(transposed, bool | np.bool_):
             raise TypeError(f"transposed must be a bool, got {type(transposed).__name__}")
-        if isinstance(groups, bool) or not isinstance(groups, int):
-            raise TypeError(f"groups must be an int, got {type(groups).__name__}")
         params = cls(
             stride=normalize(stride, dim, "stride"),
             padding=normalize(padding, dim, "padding"),
             dilation=normalize(dilation, dim, "dilation"),
-            transposed=transposed,
+            transposed=bool(transposed),
             output_padding=normalize(output_padding, dim, "output_padding"),
-            groups=groups,
+            groups=as_int(groups, "groups"),
         )
         params._check_values()
         return params
@@ -175,8 +194,16 @@ class ConvParams:
         weight_shape: Sequence[int],
         bias_shape: Sequence[int] | None = None,
     ) -> None:
-        """Validate shapes against these parameters (ranks, channels, groups, bias, sizes)."""
+        """Validate shapes against these parameters (ranks, channels, groups, bias, sizes).
+
+        Raises a ``ValueError`` naming the offending tensor (input, weight, bias) for a
+        negative size, a rank, channel count, group split or bias length that does not fit,
+        a kernel size of 0, or a kernel that does not fit the padded input.
+        """
         dim = self.dim
+        for shape, name in ((input_shape, "input"), (weight_shape, "weight"), (bias_shape, "bias")):
+            if shape is not None and any(as_int(n, f"{name} size") < 0 for n in shape):
+                raise ValueError(f"{name} sizes must be non-negative, got shape {list(shape)}")
         if len(weight_shape) != dim + 2:
             raise ValueError(
                 f"weight must have {dim + 2} dimensions for a {dim}-d convolution, "
@@ -212,7 +239,7 @@ class ConvParams:
                 raise ValueError(f"groups={g} must divide out_channels={out_channels}")
         if any(k <= 0 for k in weight_shape[2:]):
             raise ValueError(
-                f"kernel sizes must be positive, got weight shape {list(weight_shape)}"
+                f"weight's kernel sizes must be positive, got weight shape {list(weight_shape)}"
             )
         if bias_shape is not None and tuple(bias_shape) != (out_channels,):
             raise ValueError(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given
@@ -235,3 +236,76 @@ def test_output_shape_matches_torch(config: tuple) -> None:
     p = ConvParams.for_tensors(i, w, None, stride, padding, dilation, transposed,
                                output_padding, groups)
     assert p.output_shape(input_shape, weight_shape) == tuple(expected)
+
+
+# ----------------------------------------------------------------- integer types and signs
+
+HYPER_ARGS = ("stride", "padding", "dilation", "output_padding", "groups")
+
+
+INTEGER_TYPES = {
+    "np.int64": np.int64, "np.int32": np.int32, "0-d tensor": torch.tensor,
+    "tuple of np.int64": lambda v: (np.int64(v), np.int64(v)),
+}
+
+
+def as_aten(value: object, arg: str) -> object:
+    """aten.convolution's form: groups a single int, the others a list of 2."""
+    if arg == "groups" or isinstance(value, tuple):
+        return list(value) if isinstance(value, tuple) else value
+    return [value, value]
+
+
+@pytest.mark.parametrize(
+    ("arg", "kind"),
+    [(a, k) for a in HYPER_ARGS for k in INTEGER_TYPES if a != "groups" or "tuple" not in k],
+)
+def test_integer_types_aten_accepts_are_accepted(arg: str, kind: str) -> None:
+    """ATen takes anything with ``__index__`` for an int; so does convlab, with the same result."""
+    i, w = x(1, 4, 5, 5), x(4, 3, 3, 3)  # transposed, groups 2: 6 output channels
+    kw = {"stride": 2, "padding": 1, "dilation": 1, "output_padding": 1, "groups": 2}
+    kw[arg] = INTEGER_TYPES[kind](kw[arg])
+    names = ("stride", "padding", "dilation")
+    expected = aten.convolution(i, w, None, *(as_aten(kw[n], n) for n in names), True,
+                                as_aten(kw["output_padding"], "output_padding"), kw["groups"])
+    p = ConvParams.for_tensors(i, w, None, transposed=True, **kw)
+    assert p.output_shape(i.shape, w.shape) == tuple(expected.shape)
+    assert all(type(v) is int for v in (*p.stride, *p.padding, *p.dilation, p.groups))
+
+
+@pytest.mark.parametrize("arg", HYPER_ARGS)
+@pytest.mark.parametrize("bad", [True, 1.0, np.float64(2.0), np.bool_(True), "2", (1, 1.5),
+                                 (1, False), torch.tensor(1.0)], ids=repr)
+def test_bools_floats_and_strings_are_type_errors(arg: str, bad: object) -> None:
+    with pytest.raises(TypeError, match=arg):
+        ConvParams.for_tensors(x(1, 2, 5, 5), x(2, 1, 3, 3), **{arg: bad})
+
+
+@given(
+    st.integers(1, 3).flatmap(lambda dim: st.tuples(
+        st.just(dim),
+        st.lists(st.integers(1, 4), min_size=dim + 2, max_size=dim + 2),
+        st.lists(st.integers(1, 3), min_size=dim + 2, max_size=dim + 2),
+        st.sampled_from(["input", "weight", "bias"]),
+        st.integers(0, dim + 1),
+        st.integers(-5, -1),
+    ))
+)
+def test_negative_sizes_are_rejected_naming_the_tensor(case: tuple) -> None:
+    dim, input_shape, weight_shape, which, index, value = case
+    shapes = {"input": list(input_shape), "weight": list(weight_shape), "bias": [weight_shape[0]]}
+    shapes[which][min(index, len(shapes[which]) - 1)] = value
+    p = ConvParams.create(dim)
+    with pytest.raises(ValueError, match=which):
+        p.check_shapes(shapes["input"], shapes["weight"], shapes["bias"])
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_zero_kernel_and_negative_channels_are_rejected(transposed: bool) -> None:
+    p = ConvParams.create(2, transposed=transposed)
+    with pytest.raises(ValueError, match="weight"):
+        p.check_shapes((1, 2, 5, 5), (2, 2, 0, 3))
+    with pytest.raises(ValueError, match="input"):
+        p.check_shapes((1, -2, 5, 5), (2, 2, 3, 3))
+    with pytest.raises(ValueError, match="weight"):
+        p.check_shapes((1, 2, 5, 5), (-2, 2, 3, 3))

@@ -11,7 +11,7 @@ ATen picks oneDNN, ``slow`` when it picks an im2col kernel). The two run the sam
 so their gap is the run's noise band; a difference between paths means something only
 outside it. NumPy's BLAS gets the same thread count as torch (``threadpoolctl``).
 
-Columns besides the time: GFLOP/s (:data:`convlab.paths.FLOP_FORMULA`), GB/s against the
+Columns besides the time: GFLOP/s (``convlab.paths.FLOP_FORMULA``), GB/s against the
 bytes a pass must move (:func:`convlab.paths.min_bytes`, the honest yardstick of thin
 layers such as depthwise), the ratio to the fastest native path and to a square GEMM of
 equal FLOPs, and two memory measures (:mod:`convlab.profiling`):
@@ -93,7 +93,7 @@ SPREAD_WARN = 0.25
 
 @dataclass
 class Result:
-    """One timed (layer, path, pass); see :data:`COLUMNS` and the module docstring."""
+    """One timed (layer, path, pass); see ``COLUMNS`` and the module docstring."""
 
     layer: str
     path: str
@@ -315,7 +315,7 @@ def benchmark(
     """Time ``paths`` x ``passes`` on ``layers``, layer by layer; return a :class:`Report`.
 
     ``layers``: suite names or :class:`~convlab.paths.Layer` objects (default: the suite);
-    ``paths``/``passes``: subsets of :data:`PATHS`/:data:`PASSES` (``native`` brings its
+    ``paths``/``passes``: subsets of ``PATHS``/``PASSES`` (``native`` brings its
     A/A twin); ``device`` defaults to CUDA when available; ``threads`` to torch's current
     count (NumPy's BLAS gets the same). Each layer is one :func:`convlab.timing.interleaved`
     run of ``rounds`` x ``blocked_autorange(min_run_time)``. ``memory=False`` skips the
@@ -486,12 +486,24 @@ COMPARISONS: tuple[tuple[str, str, str | None, str], ...] = (
     ("thnn / aten slow (forward+backward)", "thnn", "slow", "forward_backward"),
     ("thnn / aten slow (backward only)", "thnn", "slow", "backward"),
     ("numpy_ref / aten slow", "numpy_ref", "slow", "backward"),
-    ("mkldnn / native (A/A)", "mkldnn", "native", "backward"),
 )
 
 
+def run_band(results: Sequence[Result], pass_: str) -> float:
+    """The run's noise band for ``pass_``: the largest A/A band over its layers (NaN if none).
+
+    One A/A pair's gap is itself a noisy estimate; pooling over the layers of one run
+    keeps a lucky 0 % from turning noise into a verdict.
+    """
+    bands = [aa_band([r for r in results if (r.layer, r.pass_) == (layer, pass_)])
+             for layer in dict.fromkeys(r.layer for r in results)]
+    bands = [b for b in bands if not math.isnan(b)]
+    return max(bands) if bands else math.nan
+
+
 def comparisons(results: Sequence[Result]) -> list[Comparison]:
-    """The standard ratios of a run (:data:`COMPARISONS`), per layer, where both sides ran."""
+    """The standard ratios of a run (``COMPARISONS``), per layer, where both sides ran,
+    each with the run's noise band for its pass (:func:`run_band`)."""
     out = []
     layers = list(dict.fromkeys(r.layer for r in results))
     table = {(r.layer, r.pass_, r.path): r for r in results}
@@ -509,12 +521,12 @@ def comparisons(results: Sequence[Result]) -> list[Comparison]:
             if other is None or other.timing is None:
                 continue
             out.append(Comparison(label, layer, pass_, ratio(mine.timing, other.timing),
-                                  aa_band(rows)))
+                                  run_band(results, pass_)))
     return out
 
 
 def noise_warnings(results: Sequence[Result]) -> list[str]:
-    """Lines about A/A pairs and round spreads above :data:`AA_WARN`/:data:`SPREAD_WARN`."""
+    """Lines about A/A pairs and round spreads above ``AA_WARN``/``SPREAD_WARN``."""
     lines = []
     seen = set()
     for r in results:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import math
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -173,8 +174,12 @@ def _print_report(report: object, rounds: int, min_run_time: float, seconds: flo
     rows = bench.comparisons(results)
     if rows:
         print("\nmeasured ratios (median of per-round ratios, min-max over rounds); A/A band "
-              "= gap between the medians of native and its forced twin (same kernel); "
-              "slower/faster only outside it:")
+              "= largest gap between the medians of native and its forced twin (same kernel) "
+              "over the run's layers; slower/faster only outside it:")
+        for pass_ in dict.fromkeys(r.pass_ for r in results):
+            band = bench.run_band(results, pass_)
+            if not math.isnan(band):
+                print(f"  A/A band for {pass_}: {band:.0%}")
         for c in rows:
             print("  " + c.line())
     for line in bench.noise_warnings(results):

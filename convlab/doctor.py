@@ -2,9 +2,9 @@
 
 It prints versions (torch, CUDA, cuDNN, oneDNN), thread counts, the backends
 :func:`convlab.native.use_backend` can force here, which ATen backend each benchmark layer
-(:data:`convlab.paths.SUITE`) selects, the accuracy of the default backend per dtype (when
+(``convlab.paths.SUITE``) selects, the accuracy of the default backend per dtype (when
 :mod:`convlab.numerics` is present), and then checks every path of
-:data:`convlab.paths.PATHS` on the small layers :data:`convlab.paths.CASES`, in float64
+``convlab.paths.PATHS`` on the small layers ``convlab.paths.CASES``, in float64
 where the path has float64 kernels:
 
 * convlab's own paths (reference, thnn, numpy_ref, the C++ extension) against ATen

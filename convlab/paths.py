@@ -1,7 +1,7 @@
 """One registry of convolution layers and paths, for ``bench``, ``doctor`` and the GPU check.
 
 * :class:`Layer`: the arguments of one ``aten::convolution`` (shapes, stride, groups, ...);
-  :data:`SUITE` holds the benchmark layers, :data:`CASES` the small layers ``doctor``
+  ``SUITE`` holds the benchmark layers, ``CASES`` the small layers ``doctor``
   checks.
 * :class:`Path`: one way to compute a convolution and its gradients (ATen with its own
   backend choice, ATen with a forced backend, or one of convlab's implementations). Its
@@ -14,7 +14,7 @@
   ``forward_backward`` a forward followed by the full backward, as a training step runs
                        them (this is where THNN's saved columns pay off).
 
-  :data:`PATHS` lists them by name. Adding a path or a layer is one entry here.
+  ``PATHS`` lists them by name. Adding a path or a layer is one entry here.
 
 FLOPs (:func:`flops`) are ``2 * MACs`` for forward, backward_input and backward_weight,
 ``4 * MACs`` for the full backward and ``6 * MACs`` for forward_backward (bias terms
@@ -279,7 +279,7 @@ class Path:
         """pass name -> zero-argument callable.
 
         With ``hold`` a forced path sets its backend around every call; without it the
-        caller holds :meth:`held` around the calls (a timer does, so that setting the
+        caller holds :meth:`Path.held` around the calls (a timer does, so that setting the
         flags is not timed).
         """
         fns = self.build(layer, tensors)

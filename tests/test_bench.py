@@ -114,7 +114,7 @@ def test_aa_band_comparisons_and_warnings() -> None:
     by_label = {c.label: c for c in bench.comparisons(rows)}
     ref = by_label["reference / fastest native"]
     assert ref.ratio.median == pytest.approx(2.0 / 1.0) and ref.verdict == "slower"
-    assert by_label["mkldnn / native (A/A)"].verdict == "within noise"
+    assert ref.band == bench.run_band(rows, "backward") == 0.0
     assert "numpy_ref / aten slow" not in by_label  # no slow path in this run
     assert bench.noise_warnings(rows) == []
     noisy = [_result("b", "native", (1.0, 1.0, 1.0), "Mkldnn"),
@@ -122,6 +122,7 @@ def test_aa_band_comparisons_and_warnings() -> None:
     bench._fill_ratios(noisy)
     text = "\n".join(bench.noise_warnings(noisy))
     assert "A/A pair's medians differ by 50%" in text and "rounds spread" in text
+    assert bench.run_band(rows + noisy, "backward") == pytest.approx(0.5)  # pooled: the max
 
 
 def test_memory_columns_see_the_outputs(report: bench.Report) -> None:

@@ -4,8 +4,8 @@ The profiler and ``TorchDispatchMode`` see ATen *ops*; the backends' backward ke
 plain C++ functions below ``aten::convolution_backward`` (reached through ``DispatchStub``
 function-pointer tables), so neither sees them. ``libtorch_cpu.so`` keeps its function
 symbols, so a debugger can: :func:`trace_kernels` runs a small Python program under ``gdb``
-in batch mode, puts a breakpoint on each backward kernel of :data:`CPU_KERNELS` (and
-:data:`CUDA_KERNELS` when ``libtorch_cuda.so`` is present), and records, for each
+in batch mode, puts a breakpoint on each backward kernel of ``CPU_KERNELS`` (and
+``CUDA_KERNELS`` when ``libtorch_cuda.so`` is present), and records, for each
 :class:`ConvCase`, the ordered functions its ``.backward()`` entered, e.g. for a float64
 dilated convolution::
 
@@ -16,7 +16,7 @@ All cases share one debugger session (the program calls ``os.getsid`` before and
 each backward; a breakpoint there splits the log), and breakpoints are set only once torch
 is imported, so the trace costs one ``import torch`` plus the debugger's symbol load.
 
-:func:`main` is ``convlab trace --kernels``.
+:func:`main_from_args` is ``convlab trace --kernels``.
 """
 
 from __future__ import annotations
@@ -124,8 +124,11 @@ class KernelTrace:
 
     @property
     def kernel(self) -> str:
-        """The function that computed the gradients: the first one below the routing
-        functions (:data:`ROUTERS`), else the last one entered."""
+        """The function that computed the gradients.
+
+        That is the first one below the routing functions (``ROUTERS``), else the last
+        one entered.
+        """
         for name in self.calls:
             if name not in ROUTERS:
                 return name
@@ -133,7 +136,7 @@ class KernelTrace:
 
     @property
     def path(self) -> str:
-        """The calls joined by arrows."""
+        """The calls joined by arrows, outermost first."""
         return " -> ".join(self.calls)
 
 
@@ -293,7 +296,7 @@ def trace_kernels(
     """Run each case's forward and ``.backward()`` under gdb; return what each backward ran.
 
     Returns one :class:`KernelTrace` per case, in order, with the backend ATen selected and
-    the traced functions (:data:`CPU_KERNELS`, plus :data:`CUDA_KERNELS` when present) that
+    the traced functions (``CPU_KERNELS``, plus ``CUDA_KERNELS`` when present) that
     the backward entered, outermost first.
 
     Raises:

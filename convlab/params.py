@@ -38,7 +38,7 @@ def as_int(value: object, name: str) -> int:
     """
     if isinstance(value, torch.SymInt):  # symbolic sizes seen by fake kernels under compile
         return value  # type: ignore[return-value]
-    if isinstance(value, bool | np.bool_):
+    if isinstance(value, (bool, np.bool_)):
         raise TypeError(f"{name} must be an int, got the bool {value!r}")
     try:
         return operator.index(value)  # type: ignore[arg-type]
@@ -58,12 +58,12 @@ def normalize(value: IntOrSeq, dim: int, name: str) -> tuple[int, ...]:
     >>> normalize((1, 2), 2, "padding")
     (1, 2)
     """
-    if isinstance(value, torch.Tensor | np.ndarray):
+    if isinstance(value, (torch.Tensor, np.ndarray)):
         value = value.tolist()
-    if isinstance(value, str | bytes):
+    if isinstance(value, (str, bytes)):
         raise TypeError(f"{name} must be an int or a sequence of ints, got the string {value!r}")
     if not isinstance(value, Sequence):
-        if isinstance(value, bool | np.bool_) or not hasattr(value, "__index__"):
+        if isinstance(value, (bool, np.bool_)) or not hasattr(value, "__index__"):
             raise TypeError(
                 f"{name} must be an int or a sequence of ints, got {type(value).__name__} "
                 f"{value!r}"
@@ -119,7 +119,7 @@ class ConvParams:
         dim = as_int(dim, "dim")
         if dim < 1:
             raise ValueError(f"dim must be a positive int, got {dim!r}")
-        if not isinstance(transposed, bool | np.bool_):
+        if not isinstance(transposed, (bool, np.bool_)):
             raise TypeError(f"transposed must be a bool, got {type(transposed).__name__}")
         params = cls(
             stride=normalize(stride, dim, "stride"),
@@ -330,13 +330,13 @@ def check_output_mask(output_mask: object) -> tuple[bool, bool, bool]:
     """
     if isinstance(output_mask, torch.Tensor):
         output_mask = output_mask.tolist()
-    if isinstance(output_mask, str | bytes) or not isinstance(output_mask, Sequence):
+    if isinstance(output_mask, (str, bytes)) or not isinstance(output_mask, Sequence):
         raise TypeError(f"output_mask must be a sequence of 3 bools, got {output_mask!r}")
     if len(output_mask) != 3:
         raise ValueError(
             f"output_mask must be 3 bools [input, weight, bias], got {list(output_mask)!r}"
         )
-    if not all(isinstance(m, bool | np.bool_) for m in output_mask):  # numpy_ref takes np.bool_
+    if not all(isinstance(m, (bool, np.bool_)) for m in output_mask):  # numpy_ref takes np.bool_
         raise TypeError(f"output_mask must contain bools, got {list(output_mask)!r}")
     return bool(output_mask[0]), bool(output_mask[1]), bool(output_mask[2])
 
@@ -362,7 +362,7 @@ def check_bias_sizes(bias_sizes: object, out_channels: int) -> list[int] | None:
         return None
     if isinstance(bias_sizes, torch.Tensor):
         bias_sizes = bias_sizes.tolist()
-    if isinstance(bias_sizes, str | bytes) or not isinstance(bias_sizes, Sequence):
+    if isinstance(bias_sizes, (str, bytes)) or not isinstance(bias_sizes, Sequence):
         raise TypeError(
             f"bias_sizes must be None or a sequence of ints, got {type(bias_sizes).__name__} "
             f"{bias_sizes!r}"
@@ -370,7 +370,7 @@ def check_bias_sizes(bias_sizes: object, out_channels: int) -> list[int] | None:
     sizes = list(bias_sizes)
     # SymInt: symbolic sizes, as a fake kernel sees them under torch.compile(dynamic=True).
     integral = int | np.integer | torch.SymInt
-    if any(isinstance(s, bool | np.bool_) or not isinstance(s, integral) for s in sizes):
+    if any(isinstance(s, (bool, np.bool_)) or not isinstance(s, integral) for s in sizes):
         raise TypeError(f"bias_sizes must contain ints, got {sizes!r}")
     sizes = [s if isinstance(s, torch.SymInt) else int(s) for s in sizes]
     if sizes not in ([out_channels], [0]):

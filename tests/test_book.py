@@ -7,6 +7,7 @@ are what make the nbval run meaningful.
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -25,6 +26,12 @@ NOTEBOOKS = sorted(
 )
 # Local paths or thread-dependent noise that would make stored outputs machine-specific.
 NON_PORTABLE = re.compile(r"(site-packages|/\.venv/|/root/|/home/\w+|/tmp/|/work/)")
+# Notebook conventions: the summary box, the code width, the nbval tag, API links.
+SUMMARY_BOX = "```{admonition} What we saw"
+MAX_CODE_LINE = 80
+IGNORE_OUTPUT_TAG = "nbval-ignore-output"
+HAND_NUMBER = re.compile(r"^\s*(chapter\s+)?\d+\s*[.:)\-–]\s", re.I)
+API_ROLE = re.compile(r"\{py:(func|class|mod|meth|data|attr|obj)\}`[~!]?convlab\.")
 
 
 def code_cells(nb: nbformat.NotebookNode) -> list[nbformat.NotebookNode]:
@@ -95,9 +102,75 @@ def test_outputs_are_portable(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_notebook_uses_the_shared_setup_and_ends_with_a_summary(path: Path) -> None:
+def test_notebook_uses_the_shared_setup(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     sources = "\n".join(c.source for c in code_cells(nb)[:3])
     assert "setup(" in sources, "call convlab.notebook.setup() in the first cells"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_ends_with_a_what_we_saw_box(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
     last_md = [c for c in nb.cells if c.cell_type == "markdown"][-1].source
-    assert re.search(r"what we saw", last_md, re.I), "end with a 'What we saw' summary"
+    assert last_md.lstrip().startswith(SUMMARY_BOX), (
+        f"the last markdown cell must start with {SUMMARY_BOX!r}, found {last_md[:60]!r}"
+    )
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_harness_comments_and_code_fits_the_column(path: Path) -> None:
+    """Cell tags, not ``# NBVAL_...`` comments; code lines of at most 80 characters."""
+    nb = nbformat.read(path, as_version=4)
+    problems = []
+    for i, cell in enumerate(code_cells(nb)):
+        if "NBVAL_" in cell.source:
+            problems.append(f"code cell {i}: NBVAL_ comment (use the cell tag instead)")
+        for n, line in enumerate(cell.source.splitlines(), start=1):
+            if len(line) > MAX_CODE_LINE:
+                problems.append(f"code cell {i} line {n}: {len(line)} characters")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_title_has_no_hand_number(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    titles = [
+        line for c in nb.cells if c.cell_type == "markdown"
+        for line in c.source.splitlines() if line.startswith("# ")
+    ]
+    assert titles, "no '# Title' heading"
+    assert not HAND_NUMBER.match(titles[0][2:]), f"hand-numbered title {titles[0]!r}"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_chapter_links_the_glossary_and_the_api(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    text = "\n".join(c.source for c in nb.cells if c.cell_type == "markdown")
+    assert "{term}`" in text, "no {term} link to the glossary"
+    assert API_ROLE.search(text), "no {py:func}`convlab.…` (or class/mod) link to the API pages"
+
+
+def _nbval(tmp_path: Path, tags: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run nbval on a one-cell notebook whose stored output differs from what it prints."""
+    nb = nbformat.v4.new_notebook()
+    cell = nbformat.v4.new_code_cell("print('fresh')", metadata={"tags": tags})
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="stale\n")]
+    cell.execution_count = 1
+    nb.cells = [cell]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                 "language": "python"}
+    path = tmp_path / "tagged.ipynb"
+    nbformat.write(nb, path)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--nbval",
+         "--nbval-current-env", str(path)],
+        capture_output=True, text=True, cwd=tmp_path, timeout=120,
+    )
+
+
+def test_nbval_honours_the_ignore_output_tag(tmp_path: Path) -> None:
+    """The cell tag that replaced ``# NBVAL_IGNORE_OUTPUT`` comments really is obeyed."""
+    untagged = _nbval(tmp_path, [])
+    assert untagged.returncode != 0, "nbval did not notice a changed output (the guard)"
+    tagged = _nbval(tmp_path, [IGNORE_OUTPUT_TAG])
+    assert tagged.returncode == 0, f"nbval ignored the tag:\n{tagged.stdout[-2000:]}"

@@ -378,7 +378,7 @@ def convolution_double_backward(
     * ``gI`` = grad_input of a conv with weight ``ggW``, for grad_output ``gO``;
     * ``gW`` = grad_weight of a conv with input ``ggI``, for grad_output ``gO``.
 
-    Returns ``(ggO, gI, gW)``. As in ATen (checked against torch 2.13), ``output_mask`` is
+    Returns ``(ggO, gI, gW)``. As in ATen's ``_convolution_double_backward``, ``output_mask`` is
     validated but does not prune: a term is None exactly when the tensors it needs are None
     (``ggO`` when all three are None, ``gI`` without ``ggW``, ``gW`` without ``ggI``), and
     the convolution terms are None when ``input`` has no elements.

@@ -35,7 +35,7 @@ def windows(draw: st.DrawFn, max_dim: int = 3):
     return x, kernel, out, stride, padding, dilation, groups
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(windows())
 def test_col2im_and_row2im_are_the_adjoints(case) -> None:
     """<im2col(x), c> == <x, col2im(c)> for random c, N-d, groups, short out_size."""
@@ -49,7 +49,7 @@ def test_col2im_and_row2im_are_the_adjoints(case) -> None:
         torch.testing.assert_close((cols * c).sum(), (x * folded).sum(), rtol=1e-10, atol=1e-10)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=25, deadline=None)
 @given(windows(max_dim=2).filter(lambda c: len(c[1]) == 2))
 def test_two_layouts_hold_the_same_entries_as_unfold(case) -> None:
     """2-d with the full output size: both layouts are permutations of F.unfold's."""

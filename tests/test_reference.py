@@ -278,11 +278,11 @@ CHUNKED = [  # batches of 5 so that the chunks (1 to 3 samples) leave a remainde
 
 
 # From one sample per chunk to chunks of 2 or 3 samples plus a remainder, depending on the case.
-@pytest.mark.parametrize("chunk_bytes", [1, 1_500, 10_000, 20_000, 30_000])
+@pytest.mark.parametrize("chunk_bytes", [1, 10_000, 30_000])
 @pytest.mark.parametrize("case", CHUNKED, ids=["1d", "2d-stride1", "2d", "2d-transposed", "3d"])
 def test_chunked_batch_matches_aten(case: Case, chunk_bytes: int, monkeypatch) -> None:
     monkeypatch.setattr(reference, "CHUNK_BYTES", chunk_bytes)
-    run_both(case)
+    run_both(case, masks=[[True, True, True], [True, False, False], [False, True, False]])
 
 
 def test_chunked_forward_is_differentiable(monkeypatch) -> None:
@@ -510,7 +510,7 @@ def _sprinkle(t: torch.Tensor, seed: int) -> torch.Tensor:
     return out
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=30, deadline=None)
 @given(cases(), st.sampled_from(["input", "weight", "grad_output", "input+weight"]),
        st.integers(0, 2**16))
 def test_hypothesis_nan_and_inf_match_aten(case: Case, where: str, seed: int) -> None:

@@ -17,8 +17,9 @@ This module re-creates that algorithm and that calling convention, following
   resizes ``fgrad_input`` like ``finput`` for ``grad_input``. An empty ``finput``
   (``at::empty({0})``, as in a widely copied 2020 recipe) therefore failed on CPU, with an
   index error on an empty tensor; here it raises a ValueError that says so. (The CUDA
-  kernel of that era treated the two as scratch, columns and a vector of ones, so the
-  recipe could run there.)
+  op of that era handed the two to the legacy THCUNN ``SpatialConvolutionMM``, which used
+  them as scratch, columns and a vector of ones, so the recipe could run there: from
+  source, not run here.)
 * a 1x1 kernel with stride 1 and no padding needs no im2col: the forward then returns a
   view of the (contiguous) input as ``finput`` and leaves the buffer passed in untouched.
 

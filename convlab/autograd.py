@@ -269,7 +269,9 @@ class Convolution(torch.autograd.Function):
         p = ConvParams.for_tensors(
             input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
         )
-        return reference.convolution(input, weight, bias, *p.aten_args())
+        # Contiguous like ATen's result for contiguous inputs (the reference may return a
+        # permuted layout), so that e.g. ``randn_like(y)`` draws the same values for both.
+        return reference.convolution(input, weight, bias, *p.aten_args()).contiguous()
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:

@@ -14,7 +14,9 @@ dilated convolution::
 
 All cases share one debugger session (the program calls ``os.getsid`` before and after
 each backward; a breakpoint there splits the log), and breakpoints are set only once torch
-is imported, so the trace costs one ``import torch`` plus the debugger's symbol load.
+is imported. They are set by address (offsets read with binutils' ``nm``, through gdb's
+Python API), so gdb never loads libtorch's huge symbol table; without ``nm`` they are set
+by name, which costs a few more seconds.
 
 :func:`main_from_args` is ``convlab trace --kernels``.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -242,8 +245,8 @@ def _torch_libs() -> dict[str, Path]:
             if (lib / f"{name}.so").exists()}
 
 
-def _gdb_script(libs: Sequence[str], kernels: Sequence[tuple[str, str]]) -> str:
-    lines = [
+def _gdb_header(libs: Sequence[str]) -> list[str]:
+    return [
         "set pagination off",
         "set confirm off",
         "set print thread-events off",
@@ -253,13 +256,83 @@ def _gdb_script(libs: Sequence[str], kernels: Sequence[tuple[str, str]]) -> str:
         "run",
         "sharedlibrary libc.so",
         *[f"sharedlibrary {name}" for name in libs],
-        "break getsid",
-        "commands", "silent", f'printf "{_MARK}\\n"', "continue", "end",
     ]
+
+
+def _gdb_script(libs: Sequence[str], kernels: Sequence[tuple[str, str]]) -> str:
+    """Breakpoints by demangled name: gdb reads the libraries' symbol tables (slow)."""
+    lines = _gdb_header(libs)
+    lines += ["break getsid", "commands", "silent", f'printf "{_MARK}\\n"', "continue", "end"]
     for gdb_name, short in kernels:
         spec = f"'{gdb_name}'" if "(" in gdb_name else gdb_name
         lines += [f"break {spec}", "commands", "silent", f'printf "{_HIT}{short}\\n"',
                   "continue", "end"]
+    lines.append("continue")
+    return "\n".join(lines) + "\n"
+
+
+def _mangled_prefix(gdb_name: str) -> re.Pattern[str]:
+    """Itanium-mangled prefix of ``at::native::[(anonymous namespace)::]name`` (any
+    linkage), without the ``.cold`` parts the compiler splits off."""
+    short = gdb_name.rsplit("::", 1)[1]
+    anon = "12_GLOBAL__N_1" if "(anonymous namespace)" in gdb_name else ""
+    return re.compile(rf"_ZN2at6native{anon}L?{len(short)}{short}E[^.]*$")
+
+
+def symbol_offsets(
+    library: Path, kernels: Sequence[tuple[str, str]]
+) -> list[tuple[int, str]]:
+    """(offset in ``library``, short name) of each kernel, read with binutils' ``nm``.
+
+    Raises RuntimeError when ``nm`` is missing or fails.
+    """
+    nm = shutil.which("nm")
+    if nm is None:
+        raise RuntimeError("nm (binutils) is not installed")
+    done = subprocess.run([nm, "--defined-only", str(library)], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"nm failed on {library}: {done.stderr[-500:]}")
+    patterns = [(_mangled_prefix(name), short) for name, short in kernels]
+    found: list[tuple[int, str]] = []
+    for line in done.stdout.splitlines():
+        parts = line.split()
+        if len(parts) != 3 or parts[1] not in "tTwW":
+            continue
+        for pattern, short in patterns:
+            if pattern.match(parts[2]):
+                found.append((int(parts[0], 16), short))
+    return found
+
+
+# gdb's Python API: one internal breakpoint per address that prints and never stops.
+_GDB_PYTHON = """python
+import json
+import gdb
+class _Hit(gdb.Breakpoint):
+    def __init__(self, where, line):
+        super().__init__(where, internal=True)
+        self.line = line
+    def stop(self):
+        gdb.write(self.line)
+        gdb.flush()
+        return False
+_spec = json.load(open(SPEC_FILE))
+_maps = open(f"/proc/{gdb.selected_inferior().pid}/maps").read().splitlines()
+for _lib, _entries in _spec["libs"].items():
+    _base = min(int(m.split("-")[0], 16) for m in _maps
+                if m.endswith("/" + _lib) and m.split()[2] == "00000000")
+    for _offset, _short in _entries:
+        _Hit(f"*{_base + _offset:#x}", _spec["hit"] + _short + "\\n")
+_Hit("getsid", _spec["mark"] + "\\n")
+end
+"""
+
+
+def _gdb_python_script(spec_file: Path) -> str:
+    """Breakpoints by address (offsets from ``nm``): gdb loads no big symbol table."""
+    lines = _gdb_header([])
+    lines.append(_GDB_PYTHON.replace("SPEC_FILE", repr(str(spec_file))).rstrip("\n"))
     lines.append("continue")
     return "\n".join(lines) + "\n"
 
@@ -288,6 +361,24 @@ def _split_log(log: str, n_cases: int) -> list[list[str]]:
 
 def _refused(log: str) -> bool:
     return "ptrace: Operation not permitted" in log or "Could not trace the inferior" in log
+
+
+def _trace_script(work: Path, libs: dict[str, Path],
+                  kernels: Sequence[tuple[str, str]]) -> str:
+    """The gdb script: by address when ``nm`` can list the kernels, else by name."""
+    try:
+        offsets = {path.name: symbol_offsets(path, [k for k in kernels
+                                                     if _lib_of(k, name) ])
+                   for name, path in libs.items()}
+    except RuntimeError:
+        return _gdb_script(list(libs), kernels)
+    spec = {"libs": offsets, "hit": _HIT, "mark": _MARK}
+    (work / "spec.json").write_text(json.dumps(spec))
+    return _gdb_python_script(work / "spec.json")
+
+
+def _lib_of(kernel: tuple[str, str], lib: str) -> bool:
+    return (kernel in CUDA_KERNELS) == (lib == "libtorch_cuda")
 
 
 def trace_kernels(
@@ -322,7 +413,7 @@ def trace_kernels(
         work = Path(tmp)
         (work / "snippet.py").write_text(_SNIPPET)
         (work / "cases.json").write_text(json.dumps([asdict(c) for c in cases]))
-        (work / "trace.gdb").write_text(_gdb_script(list(libs), kernels))
+        (work / "trace.gdb").write_text(_trace_script(work, libs, kernels))
         cmd = [gdb, "-q", "-nx", "-batch", "-x", str(work / "trace.gdb"), "--args",
                sys.executable, str(work / "snippet.py"), str(work / "cases.json"),
                str(work / "chosen.json")]

@@ -111,3 +111,30 @@ def test_case_from_cli_args() -> None:
     args.stride = [1, 2]
     with pytest.raises(ValueError, match="--stride"):
         kernels.case_from_args(args)
+
+
+def test_nm_finds_every_cpu_kernel() -> None:
+    if shutil.which("nm") is None:
+        pytest.skip("binutils' nm is not installed (tracing then sets breakpoints by name)")
+    lib = kernels._torch_libs()["libtorch_cpu"]
+    found = {short for _, short in kernels.symbol_offsets(lib, kernels.CPU_KERNELS)}
+    assert found == {short for _, short in kernels.CPU_KERNELS}
+
+
+def test_mangled_prefix_matches_only_the_named_function() -> None:
+    pattern = kernels._mangled_prefix("at::native::convolution_backward")
+    assert pattern.match("_ZN2at6native20convolution_backwardERKNS_6TensorE")
+    assert not pattern.match("_ZN2at6native20convolution_backwardERKNS_6TensorE.cold")
+    assert not pattern.match("_ZN2at6native31convolution_backward_overrideableE")
+    anon = kernels._mangled_prefix("at::native::(anonymous namespace)::mkldnn_x")
+    assert anon.match("_ZN2at6native12_GLOBAL__N_18mkldnn_xEv")
+
+
+def test_falls_back_to_names_without_nm(monkeypatch: pytest.MonkeyPatch, tmp_path) -> None:
+    def no_nm(*args: object) -> list[tuple[int, str]]:
+        raise RuntimeError("nm (binutils) is not installed")
+
+    monkeypatch.setattr(kernels, "symbol_offsets", no_nm)
+    script = kernels._trace_script(tmp_path, kernels._torch_libs(), kernels.CPU_KERNELS)
+    assert "break 'at::native::(anonymous namespace)::mkldnn_convolution_backward'" in script
+    assert "python" not in script.splitlines()

@@ -7,12 +7,12 @@
   backend choice, ATen with a forced backend, or one of convlab's implementations). Its
   :meth:`Path.runners` gives one zero-argument callable per *pass*:
 
-  ``forward``          the output;
-  ``backward_input``   ``grad_input`` only;
-  ``backward_weight``  ``grad_weight`` only;
-  ``backward``         all three gradients (the bias gradient too);
-  ``forward_backward`` a forward followed by the full backward, as a training step runs
-                       them (this is where THNN's saved columns pay off).
+  - ``forward``: the output;
+  - ``backward_input``: ``grad_input`` only;
+  - ``backward_weight``: ``grad_weight`` only;
+  - ``backward``: all three gradients (the bias gradient too);
+  - ``forward_backward``: a forward followed by the full backward, as a training step
+    runs them (this is where THNN's saved columns pay off).
 
   ``PATHS`` lists them by name. Adding a path or a layer is one entry here.
 

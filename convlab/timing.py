@@ -50,7 +50,7 @@ class Timing:
 
     @property
     def spread(self) -> float:
-        """Relative spread: (max - min) / median across rounds."""
+        """The relative spread across rounds, ``(max - min) / median``."""
         return (max(self.rounds) - min(self.rounds)) / self.median
 
     def __str__(self) -> str:
@@ -111,7 +111,7 @@ def interleaved(
 
 
 def noise_band(a: Timing, b: Timing) -> float:
-    """Relative gap |a - b| / min(a, b) between the medians of an A/A pair."""
+    """Relative gap ``abs(a - b) / min(a, b)`` between the medians of an A/A pair."""
     return abs(a.median - b.median) / min(a.median, b.median)
 
 

@@ -143,10 +143,15 @@ async () => {
   }
   const article = document.querySelector('.bd-article');
   const container = document.querySelector('.bd-article-container');
+  const cells = [...document.querySelectorAll('.bd-article div.cell')];
   const label = e => {
-    const own = e.closest('.cell') || e.closest('section');
-    const where = own && own.id ? '#' + own.id : (own && own.querySelector('[id]')
-      ? '#' + own.querySelector('[id]').id : '');
+    // Where a box is: "cell K output" (K counts the page's rendered code cells from 1),
+    // else the id of its section; then the start of its text, to find it in the source.
+    const cell = e.closest('div.cell');
+    const section = e.closest('section[id]');
+    const where = cell
+      ? `cell ${cells.indexOf(cell) + 1} ${e.closest('.cell_output') ? 'output' : 'input'}`
+      : (section ? '#' + section.id : '');
     const text = (e.innerText || e.textContent || '').trim().replace(/\\s+/g, ' ');
     return `${e.tagName.toLowerCase()}.${[...e.classList].slice(0, 2).join('.')} ${where}`
       + ` "${text.slice(0, 50)}"`;

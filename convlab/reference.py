@@ -4,20 +4,22 @@ Each function has the signature, argument order and return tuple of its ``torch.
 twin (``convolution``, ``convolution_backward``, ``_convolution_double_backward``), works for
 1-d, 2-d and 3-d convolutions with stride, padding, dilation, groups, ``transposed`` and
 ``output_padding``, and never calls a native convolution kernel: everything is an N-d
-im2row (:func:`convlab.im2col.im2row`), one batched GEMM over the groups, and an N-d
-row2im.
+im2col (:func:`convlab.im2col.im2col`), one batched GEMM over the groups, and an N-d
+col2im.
 
-Three GEMMs make a convolution. With the rows ``X = im2row(x)`` ``[G, N*L, k*C/G]`` (one
-row per sample and output position), the weight as ``W`` ``[G, K/G, k*C/G]`` and the
-output gradient as ``dY`` ``[G, N*L, K/G]``:
+Three GEMMs make a convolution. With columns ``X = im2col(x)`` ``[G, C/G*k, N*L]`` (one
+column per sample and output position), the weight as ``W`` ``[G, K/G, C/G*k]`` and the
+output gradient as ``dY`` ``[G, K/G, N*L]``:
 
-* forward: ``Y = X @ Wᵀ``;
-* grad_input: ``row2im(dY @ W)`` (a scatter-add: each product lands on the input element
-  it came from);
-* grad_weight: ``dYᵀ @ X`` (sums over the batch and the positions at once).
+* forward: ``Y = W @ X``;
+* grad_input: ``col2im(Wᵀ @ dY)`` (a scatter-add: each product lands on the input element
+  it came from); with stride 1 and finite weights, the equivalent gather: a forward of the
+  padded ``dY`` with the flipped kernel;
+* grad_weight: ``dY @ Xᵀ`` (sums over the batch and the positions at once).
 
-The batch goes through these GEMMs in chunks of samples whose rows fit in ``CHUNK_BYTES``
-(grad_weight adds up the chunks' products), so the peak memory stays bounded.
+The batch goes through these GEMMs in chunks of samples whose columns fit in
+``CHUNK_BYTES`` (grad_weight adds up the chunks' products), so the peak memory stays
+bounded.
 
 Depthwise convolutions (one input channel per group) make these GEMMs degenerate (inner
 dimension ``k``), so they take a direct form instead: a sum over the kernel offsets of
@@ -42,7 +44,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from convlab.im2col import im2row, row2im, tap_windows
+from convlab.im2col import col2im, im2col, tap_windows
 from convlab.params import (
     ConvParams,
     IntOrSeq,
@@ -69,44 +71,33 @@ Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 # output [N, K, *O]; `p` holds stride/padding/dilation/groups (transposed is ignored).
 
 
-def _output_rows(y: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[N, K, *O]`` -> ``[G, N*L, K/G]`` (one copy)."""
+def _as_matrices(y: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[N, K, *O]`` -> ``[G, K/G, N*L]`` (one copy)."""
     n, k, positions = y.shape[0], y.shape[1], math.prod(y.shape[2:])
-    return (y.reshape(n, groups, k // groups, positions)
-            .permute(1, 0, 3, 2).reshape(groups, n * positions, k // groups))
+    per_group = k // groups
+    return (
+        y.reshape(n, groups, per_group, positions)
+        .permute(1, 2, 0, 3)
+        .reshape(groups, per_group, n * positions)
+    )
 
 
-def _weight_rows(w: torch.Tensor, groups: int) -> torch.Tensor:
-    """``[K, C/G, *k]`` -> ``[G, K/G, k*C/G]``, columns ordered as :func:`im2row`'s."""
-    k, c_g = w.shape[:2]
-    return w.reshape(groups, k // groups, c_g, -1).transpose(2, 3).reshape(groups, k // groups, -1)
+def _weight_matrix(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """``[K, C/G, *k]`` -> ``[G, K/G, C/G*k]`` (a view when ``w`` is contiguous)."""
+    return w.reshape(groups, w.shape[0] // groups, math.prod(w.shape[1:]))
 
 
-def _weight_from_rows(gw: torch.Tensor, weight_shape: Sequence[int]) -> torch.Tensor:
-    """Inverse of :func:`_weight_rows`: ``[G, K/G, k*C/G]`` -> ``[K, C/G, *k]``."""
-    k, c_g, *kernel = weight_shape
-    return gw.reshape(k, math.prod(kernel), c_g).transpose(1, 2).reshape(weight_shape)
-
-
-def _outputs_from_rows(y: torch.Tensor, n: int, out_size: Sequence[int]) -> torch.Tensor:
-    """``[G, n*L, K/G]`` -> ``[n, K, *out_size]`` (one copy)."""
-    g, _, k_g = y.shape
-    positions = math.prod(out_size)
-    return (y.reshape(g, n, positions, k_g).permute(1, 0, 3, 2)
-            .reshape(n, g * k_g, *out_size))
-
-
-# The rows of a whole batch are prod(kernel) times the input (8 x 64*9 x 56*56 floats are
-# 58 MB), so the GEMMs run over chunks of samples whose rows stay under CHUNK_BYTES, as
-# ATen's slow path works per sample: the peak memory stays bounded, a chunk's rows are
-# reused by the allocator for the next chunk, while each GEMM stays large.
+# The columns of a whole batch are prod(kernel) times the input (8 x 64*9 x 56*56 floats
+# are 58 MB), so the GEMMs run over chunks of samples whose columns stay under
+# CHUNK_BYTES, as ATen's slow path works per sample: the peak memory stays bounded and the
+# allocator reuses one chunk's columns for the next, while each GEMM stays large.
 CHUNK_BYTES = 8 * 2**20
 
 
-def _chunks(n: int, row_bytes: int) -> list[slice]:
+def _chunks(n: int, sample_bytes: int) -> list[slice]:
     """As few batch slices as possible, of about equal size (at least one sample each),
-    whose rows take at most ``CHUNK_BYTES`` (``row_bytes`` per sample); one for N = 0."""
-    most = max(1, CHUNK_BYTES // max(1, row_bytes))
+    whose columns take at most ``CHUNK_BYTES`` (``sample_bytes`` per sample); one for N = 0."""
+    most = max(1, CHUNK_BYTES // max(1, sample_bytes))
     step = max(1, math.ceil(n / max(1, math.ceil(n / most))))
     return [slice(i, i + step) for i in range(0, max(n, 1), step)]
 
@@ -116,28 +107,28 @@ def _is_depthwise(w: torch.Tensor, groups: int) -> bool:
     return groups > 1 and w.shape[1] == 1
 
 
-def _row_gemms(
+def _column_gemms(
     x: torch.Tensor, kernel: Sequence[int], out_size: Sequence[int], p: ConvParams,
     w: torch.Tensor | None = None, gy: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The GEMMs that read the rows ``X = im2row(x)``, made chunk by chunk: the forward
-    ``X @ Wᵀ`` ``[N, K, *out_size]`` if ``w`` is given, the weight gradient ``dYᵀ @ X``
-    ``[G, K/G, k*C/G]`` if ``gy`` ``[N, K, *out_size]`` is given (else None)."""
-    n, g = x.shape[0], p.groups
-    row_bytes = math.prod(out_size) * x.shape[1] * math.prod(kernel) * x.element_size()
-    w_t = None if w is None else _weight_rows(w, g).transpose(1, 2)  # [G, k*C/G, K/G]
-    ys, gw, y = [], None, None
-    for s in _chunks(n, row_bytes):
-        rows = im2row(x[s], kernel, out_size, p.stride, p.padding, p.dilation, g)
-        if w_t is not None:
-            ys.append(_outputs_from_rows(torch.bmm(rows, w_t), x[s].shape[0], out_size))
-        if gy is not None:
-            term = _output_rows(gy[s], g).transpose(1, 2)  # [G, K/G, n*L]
-            gw = torch.bmm(term, rows) if gw is None else torch.baddbmm(gw, term, rows)
-        del rows  # free it before the next chunk's im2row, so that its memory is reused
-    if w is not None:
-        y = torch.cat(ys) if len(ys) > 1 else ys[0]
-    return y, gw
+    """The GEMMs that read the columns ``X = im2col(x)``, made chunk by chunk: the forward
+    ``W @ X`` ``[N, K, *out_size]`` if ``w`` is given, the weight gradient ``dY @ Xᵀ``
+    ``[G, K/G, C/G*k]`` if ``gy`` ``[N, K, *out_size]`` is given (else None)."""
+    sample_bytes = x.shape[1] * math.prod(kernel) * math.prod(out_size) * x.element_size()
+    w_mat = None if w is None else _weight_matrix(w, p.groups)  # once: it may be a copy
+    ys, gw = [], None
+    for s in _chunks(x.shape[0], sample_bytes):
+        cols = im2col(x[s], kernel, out_size, p.stride, p.padding, p.dilation, p.groups)
+        if w_mat is not None:
+            y = torch.matmul(w_mat, cols)  # [G, K/G, n*L]
+            ys.append(y.reshape(w_mat.shape[0] * w_mat.shape[1], x[s].shape[0], *out_size)
+                      .transpose(0, 1))
+        if gy is not None:  # computed as X @ dYᵀ = (dY @ Xᵀ)ᵀ, the long dimension inside
+            term = torch.matmul(cols, _as_matrices(gy[s], p.groups).transpose(1, 2))
+            gw = term if gw is None else gw + term
+        del cols  # free it before the next chunk's im2col, so that its memory is reused
+    y = torch.cat(ys) if w_mat is not None else None  # cat: one copy to [N, K, *O]
+    return y, (gw.transpose(1, 2) if gw is not None else None)
 
 
 def _forward(
@@ -147,7 +138,7 @@ def _forward(
     than the full output (then only the first positions are computed)."""
     if _is_depthwise(w, p.groups):
         return _depthwise_forward(x, w, out_size, p)
-    y, _ = _row_gemms(x, w.shape[2:], out_size, p, w=w)
+    y, _ = _column_gemms(x, w.shape[2:], out_size, p, w=w)
     assert y is not None
     return y
 
@@ -158,29 +149,57 @@ def _grad_weight(
     """Weight gradient ``[K, C/G, *k]`` of a normal conv for ``gy`` ``[N, K, *O]``."""
     if p.groups > 1 and weight_shape[1] == 1:
         return _depthwise_grad_weight(gy, x, weight_shape, p)
-    _, gw = _row_gemms(x, weight_shape[2:], gy.shape[2:], p, gy=gy)
+    _, gw = _column_gemms(x, weight_shape[2:], gy.shape[2:], p, gy=gy)
     assert gw is not None
-    return _weight_from_rows(gw, weight_shape)
+    return gw.reshape(weight_shape)
 
 
 def _grad_input(
     gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams
 ) -> torch.Tensor:
     """Input gradient ``[N, C, *S]`` of a normal conv for ``gy`` ``[N, K, *O]``:
-    ``row2im(dY @ W)``, chunk by chunk. ``O`` may be smaller than the full output size."""
+    ``col2im(Wᵀ @ dY)``, chunk by chunk. ``O`` may be smaller than the full output size."""
     if _is_depthwise(w, p.groups):
         return _depthwise_grad_input(gy, w, input_shape, p)
+    # The gather form unfolds gy (K/G rows per kernel offset) where the scatter form writes
+    # C/G rows per offset: take it when that is not more, and when every weight is finite
+    # (it multiplies the weight by padding zeros: 0 * inf is NaN where ATen's scatter, which
+    # adds only real products, has a number).
+    if (all(s == 1 for s in p.stride) and w.shape[0] <= input_shape[1]
+            and bool(torch.isfinite(w).all())):
+        return _grad_input_unit_stride(gy, w, input_shape, p)
     kernel, out_size = w.shape[2:], gy.shape[2:]
-    w_rows = _weight_rows(w, p.groups)  # [G, K/G, k*C/G]
-    row_bytes = math.prod(out_size) * input_shape[1] * math.prod(kernel) * gy.element_size()
+    w_t = _weight_matrix(w, p.groups).transpose(1, 2)  # [G, C/G*k, K/G]
+    sample_bytes = input_shape[1] * math.prod(kernel) * math.prod(out_size) * gy.element_size()
     parts = []
-    for s in _chunks(gy.shape[0], row_bytes):
+    for s in _chunks(gy.shape[0], sample_bytes):
         chunk = gy[s]
-        grad_rows = torch.bmm(_output_rows(chunk, p.groups), w_rows)  # [G, n*L, k*C/G]
+        gcols = torch.matmul(w_t, _as_matrices(chunk, p.groups))  # [G, C/G*k, n*L]
         shape = (chunk.shape[0], *input_shape[1:])
-        parts.append(row2im(grad_rows, shape, kernel, out_size, p.stride, p.padding,
-                            p.dilation))
-    return torch.cat(parts) if len(parts) > 1 else parts[0]  # row2im's are contiguous
+        parts.append(col2im(gcols, shape, kernel, out_size, p.stride, p.padding, p.dilation))
+    return torch.cat(parts) if len(parts) > 1 else parts[0]  # col2im's are contiguous
+
+
+def _grad_input_unit_stride(
+    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams
+) -> torch.Tensor:
+    """With stride 1, grad_input is itself a convolution (a gather): of ``gy`` padded by
+    ``dilation * (k - 1) - padding`` with the flipped kernel, input and output channels
+    swapped within each group."""
+    g, dim = p.groups, p.dim
+    kernel, out_size, size = w.shape[2:], gy.shape[2:], input_shape[2:]
+    pads = []
+    for k, o, s, pad, d in zip(kernel, out_size, size, p.padding, p.dilation, strict=True):
+        left = d * (k - 1) - pad
+        pads.append((left, s + d * (k - 1) - o - left))  # negative values crop
+    gy = F.pad(gy, [v for pair in reversed(pads) for v in pair])
+    c_out, c_in_g = w.shape[:2]
+    w_t = (w.reshape(g, c_out // g, c_in_g, *kernel).transpose(1, 2)
+           .reshape(g * c_in_g, c_out // g, *kernel).flip(list(range(2, 2 + dim))))
+    unit = ConvParams.create(dim, 1, 0, p.dilation, False, 0, g)
+    y, _ = _column_gemms(gy, kernel, size, unit, w=w_t)
+    assert y is not None
+    return y
 
 
 # ---------------------------------------------------------------------------------------
@@ -332,12 +351,12 @@ def convolution_backward(
     grad_input = grad_weight = grad_bias = None
     if p.transposed and (mask[0] or mask[1]) and not _is_depthwise(weight, p.groups):
         # Normal-conv roles: "input" is grad_output (x-space), "grad_output" is input. Both
-        # gradients read the rows of grad_output: one pass makes them once.
-        grad_input, grad_weight = _row_gemms(
+        # gradients read the columns of grad_output: one pass makes them once.
+        grad_input, grad_weight = _column_gemms(
             grad_output, weight.shape[2:], input.shape[2:], p,
             w=weight if mask[0] else None, gy=input if mask[1] else None)
         if grad_weight is not None:
-            grad_weight = _weight_from_rows(grad_weight, weight.shape)
+            grad_weight = grad_weight.reshape(weight.shape)
     elif p.transposed:
         if mask[0]:
             grad_input = _forward(grad_output, weight, input.shape[2:], p)

@@ -213,6 +213,8 @@ async () => {
     wide: wide,
     figures: figures,
     resources: [location.href, ...resources],
+    splitStreams: [...document.querySelectorAll('.bd-article .cell_output')].filter(
+      o => o.querySelectorAll(':scope > .output.stream').length > 1).map(label),
     sidebar: [...document.querySelectorAll('nav.bd-docs-nav li.toctree-l1 > a')].map(a => ({
       href: a.href, text: a.innerText.trim()})),
     h1: (document.querySelector('.bd-article h1') || {innerText: ''}).innerText.trim(),
@@ -426,6 +428,22 @@ def test_no_page_is_wider_than_a_phone(visits: dict) -> None:
         if d["docWidth"] > d["viewWidth"]:
             problems.append(f"{v.page}: the document is {d['docWidth']} px wide at {PHONE} px")
         problems += [f"{v.page}: {w}" for w in d["wide"] if w.startswith("the article")]
+    assert not problems, report(problems)
+
+
+def test_each_cell_prints_one_box(visits: dict) -> None:
+    """A cell's printed output is one box (nb_merge_streams), not one box per print."""
+    problems = [f"{v.page}: {c}" for v in at(visits, WIDE) for c in v.data["splitStreams"]]
+    assert not problems, report(problems)
+
+
+def test_markdown_tables_render_as_tables(visits: dict) -> None:
+    """``Table`` outputs (Markdown) become HTML tables, not text with pipes and dashes."""
+    problems = [
+        f"{v.page}: ...{v.data['prose'][max(m.start() - 60, 0) : m.end()]}"
+        for v in at(visits, WIDE)
+        for m in re.finditer(r"\|\s*:?-{3,}:?\s*\|", v.data["prose"])
+    ]
     assert not problems, report(problems)
 
 

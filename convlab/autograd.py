@@ -19,7 +19,7 @@ Both mirror ATen: ``convolution`` has ``aten::convolution``'s arguments, the bac
 ``vmap``, ``jvp``, ``hessian``): the Functions use the "new-style" form (``forward`` without
 ``ctx`` plus ``setup_context``), which is what ``torch.func`` requires.
 
-Why the operators are defined with :class:`torch.library.Library` and not
+Why the operators are defined with ``torch.library.Library`` and not
 ``torch.library.custom_op``: ``custom_op.register_autograd`` wraps the formula in an
 old-style Function that ``torch.func`` refuses and that has no forward-mode formula, so
 ``torch.func.grad`` crashed and ``torch.func.jvp`` returned zero tangents. Registering our own
@@ -182,7 +182,7 @@ class ConvolutionBackward(torch.autograd.Function):
     output_padding, groups, output_mask)`` returns ``(grad_input, grad_weight, grad_bias)``
     (``None`` where masked) from ``reference.convolution_backward``. ``backward`` takes the
     gradients of those three (``ggI, ggW, ggb``) and returns ``(ggO, gI, gW)`` from
-    ``reference.convolution_double_backward``; ``jvp`` is :func:`_backward_jvp`; ``vmap`` is
+    ``reference.convolution_double_backward``; ``jvp`` is ``_backward_jvp``; ``vmap`` is
     one call per batch element (``generate_vmap_rule`` cannot be used: with list arguments
     its forward-mode path fails inside torch).
     """
@@ -201,6 +201,7 @@ class ConvolutionBackward(torch.autograd.Function):
         groups: int,
         output_mask: list[bool],
     ) -> Grads:
+        """``reference.convolution_backward``, ``None`` where ``output_mask`` is False."""
         grads = reference.convolution_backward(
             grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
             output_padding, groups, output_mask,
@@ -209,6 +210,7 @@ class ConvolutionBackward(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
+        """Save grad_output, input and weight for ``backward`` and ``jvp``."""
         grad_output, input, weight, bias_sizes, *hyper, output_mask = inputs
         ctx.save_for_backward(grad_output, input, weight)
         ctx.save_for_forward(grad_output, input, weight)
@@ -221,6 +223,7 @@ class ConvolutionBackward(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: Any, ggI: Tensor | None, ggW: Tensor | None, ggb: Tensor | None
     ) -> tuple[Tensor | None, ...]:
+        """``(ggO, gI, gW)`` from ``reference.convolution_double_backward``."""
         grad_output, input, weight = ctx.saved_tensors
         mask = [bool(m) for m in ctx.needs_input_grad[:3]]
         if all(g is None for g in (ggI, ggW, ggb)) or not any(mask):
@@ -234,6 +237,7 @@ class ConvolutionBackward(torch.autograd.Function):
     def jvp(  # type: ignore[override]
         ctx: Any, go_t: Tensor | None, in_t: Tensor | None, w_t: Tensor | None, *_: Any
     ) -> tuple[Tensor | None, ...]:
+        """Tangents of the three gradients (``None`` where masked or zero)."""
         grad_output, input, weight = ctx.saved_tensors
         return tuple(_backward_jvp(
             ConvolutionBackward.apply, grad_output, input, weight, (go_t, in_t, w_t),
@@ -242,6 +246,7 @@ class ConvolutionBackward(torch.autograd.Function):
 
     @staticmethod
     def vmap(info: Any, in_dims: Sequence[Any], *args: Any) -> Any:  # type: ignore[override]
+        """Batching rule: one call per batch element, results stacked along dim 0."""
         return _vmap_conv_backward(ConvolutionBackward.apply, info, in_dims, *args)
 
 
@@ -251,7 +256,7 @@ class Convolution(torch.autograd.Function):
     ``apply`` takes ``aten::convolution``'s arguments (see :func:`convolution`). The backward
     asks only for the gradients autograd needs (``ctx.needs_input_grad`` becomes
     ``output_mask``) and runs through :class:`ConvolutionBackward`; ``jvp`` is
-    :func:`_conv_jvp` evaluated with this Function; ``vmap`` is :func:`_vmap_conv`.
+    ``_conv_jvp`` evaluated with this Function; ``vmap`` is ``_vmap_conv``.
     """
 
     @staticmethod
@@ -266,6 +271,7 @@ class Convolution(torch.autograd.Function):
         output_padding: IntOrSeq,
         groups: int,
     ) -> Tensor:
+        """``reference.convolution`` after validating every argument."""
         p = ConvParams.for_tensors(
             input, weight, bias, stride, padding, dilation, transposed, output_padding, groups
         )
@@ -275,6 +281,7 @@ class Convolution(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
+        """Save input and weight for ``backward``, and the bias too for ``jvp``."""
         input, weight, bias, *hyper = inputs
         ctx.save_for_backward(input, weight)
         ctx.save_for_forward(input, weight, bias)
@@ -283,6 +290,7 @@ class Convolution(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
+        """Gradients of input, weight and bias through :class:`ConvolutionBackward`."""
         input, weight = ctx.saved_tensors
         grads = ConvolutionBackward.apply(
             grad_output, input, weight, ctx.bias_sizes, *ctx.aten_args,
@@ -294,12 +302,14 @@ class Convolution(torch.autograd.Function):
     def jvp(  # type: ignore[override]
         ctx: Any, in_t: Tensor | None, w_t: Tensor | None, b_t: Tensor | None, *_: Any
     ) -> Tensor:
+        """Output tangent ``conv(x_t, w) + conv(x, w_t) + b_t``, computed with this Function."""
         input, weight, bias = ctx.saved_tensors
         return _conv_jvp(Convolution.apply, (input, weight, bias), (in_t, w_t, b_t),
                          ctx.aten_args)
 
     @staticmethod
     def vmap(info: Any, in_dims: Sequence[Any], *args: Any) -> Any:  # type: ignore[override]
+        """Batching rule: one convolution over ``B * N`` samples, or one call per element."""
         return _vmap_conv(Convolution.apply, info, in_dims, *args)
 
 
@@ -490,7 +500,7 @@ class ConvolutionOpFunction(torch.autograd.Function):
     """Autograd kernel of ``convlab::convolution`` (graph node ``ConvolutionOpFunctionBackward``).
 
     ``forward`` runs the operator below the autograd key, so AOTAutograd records the op
-    itself; ``backward`` calls ``convlab::convolution_backward``; ``jvp`` is :func:`_conv_jvp`
+    itself; ``backward`` calls ``convlab::convolution_backward``; ``jvp`` is ``_conv_jvp``
     evaluated with the operator. ``torch.vmap`` reaches the operators' batching rules
     before this kernel, so the Function needs no vmap rule of its own.
     """
@@ -530,7 +540,7 @@ class ConvolutionBackwardOpFunction(torch.autograd.Function):
     """Autograd kernel of ``convlab::convolution_backward``.
 
     ``backward`` is ``reference.convolution_double_backward`` (gradients of the empty,
-    masked-off outputs are dropped); ``jvp`` is :func:`_backward_jvp` through the operator.
+    masked-off outputs are dropped); ``jvp`` is ``_backward_jvp`` through the operator.
     """
 
     @staticmethod

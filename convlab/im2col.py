@@ -1,24 +1,19 @@
-"""N-d im2col / col2im and im2row / row2im with torch ops: the data movement behind GEMM
-convolution.
+"""N-d im2col and col2im with torch ops: the data movement behind every GEMM convolution.
 
-Both pairs unfold every window of the (zero-padded) input into one vector; they differ in
-which axis of the matrix holds the windows:
+:func:`im2col` gives **columns** ``[G, C/G * prod(kernel), N * L]``: one matrix per group,
+rows are (input channel, kernel offset) pairs, columns are (sample, output position) pairs,
+``L = prod(out_size)``. That is ``torch.nn.functional.unfold``'s per-sample
+``[C * prod(kernel), L]`` with the batch folded into the columns and the channels split by
+group. (Two other layouts in convlab: :func:`convlab.numpy_ref.im2col` returns unfold's
+``[N, C * prod(kernel), L]``, and :func:`convlab.thnn.im2col_` writes that same layout into
+THNN's ``finput`` buffer.) With all samples of a batch (or of a chunk of it, see
+:mod:`convlab.reference`) in one matrix, a convolution's forward, grad_input and
+grad_weight are each a single batched GEMM over the groups.
 
-* :func:`im2col` gives **columns** ``[G, C/G * prod(kernel), N * L]``: one matrix per group,
-  rows are (input channel, kernel offset) pairs, columns are (sample, output position)
-  pairs, ``L = prod(out_size)``. This is the transpose, with the batch folded into the
-  columns, of ``torch.nn.functional.unfold``'s per-sample ``[C * prod(kernel), L]``.
-* :func:`im2row` gives **rows** ``[G, N * L, prod(kernel) * C/G]``: one row per (sample,
-  output position), columns are (kernel offset, input channel) pairs with the channel
-  varying fastest. It is built from a channels-last copy of the input, so every window
-  copies runs of ``C/G`` contiguous values, and the GEMMs that read it have the long
-  ``N * L`` dimension on the outside, the shape BLAS handles best.
-
-With all samples of a batch (or of a chunk of it, see :mod:`convlab.reference`) in one
-matrix, a convolution's forward, grad_input and grad_weight are each a single batched GEMM
-over the groups. :func:`col2im` and :func:`row2im` are the adjoints: they add every entry
-back onto the input element it was copied from (overlapping windows sum), one strided
-slice-add per kernel offset.
+``im2col`` is a chain of views (pad, one ``unfold`` per spatial dimension, a strided slice
+for dilation) followed by one copy. :func:`col2im` is its adjoint: it adds every column
+entry back onto the input element it was copied from (overlapping windows sum, entries
+that read padding are dropped), one strided slice-add per kernel offset.
 """
 
 from __future__ import annotations
@@ -151,83 +146,3 @@ def col2im(
         out[(slice(None), slice(None), *window)].add_(g[(slice(None), *offset)])
     crop = tuple(slice(p, p + s) for p, s in zip(padding, spatial, strict=True))
     return out[(slice(None), slice(None), *crop)].transpose(0, 1).contiguous()
-
-
-def _channels_last_padded(x: torch.Tensor, padding: Ints) -> torch.Tensor:
-    """``[N, C, *S]`` -> zero-padded ``[N, *(S + 2 * padding), C]`` (one copy)."""
-    spatial = x.shape[2:]
-    padded = [s + 2 * p for s, p in zip(spatial, padding, strict=True)]
-    out = x.new_zeros(x.shape[0], *padded, x.shape[1])
-    inner = tuple(slice(p, p + s) for p, s in zip(padding, spatial, strict=True))
-    out[(slice(None), *inner)] = x.movedim(1, -1)
-    return out
-
-
-def im2row(
-    x: torch.Tensor,
-    kernel: Ints,
-    out_size: Ints,
-    stride: Ints,
-    padding: Ints,
-    dilation: Ints,
-    groups: int,
-) -> torch.Tensor:
-    """Unfold ``x`` ``[N, C, *S]`` into rows ``[G, N * prod(out_size), prod(kernel) * C/G]``.
-
-    Row ``n * L + flat(position)`` of group ``g`` is sample ``n``'s window at that output
-    position; column ``flat(offset) * C/G + c`` holds channel ``g * C/G + c`` at that kernel
-    offset. Padding reads as zero; ``out_size`` may be smaller than what fits.
-
-    >>> x = torch.arange(16.0).view(1, 1, 4, 4)
-    >>> im2row(x, (3, 3), (2, 2), (1, 1), (0, 0), (1, 1), 1).shape
-    torch.Size([1, 4, 9])
-    """
-    _check_dims(kernel, out_size, stride, padding, dilation, x.shape)
-    dim = len(kernel)
-    n, c = x.shape[:2]
-    xl = _channels_last_padded(x, padding)
-    win = _windows(xl, kernel, out_size, stride, dilation, first=1)  # [N, *O, C, *k]
-    win = win.unflatten(1 + dim, (groups, c // groups))  # [N, *O, G, C/G, *k]
-    # -> [G, N, *O, *k, C/G]; the reshape is the one copy (C/G values contiguous in xl).
-    order = [1 + dim, 0, *range(1, 1 + dim), *range(3 + dim, 3 + 2 * dim), 2 + dim]
-    return win.permute(order).reshape(
-        groups, n * math.prod(out_size), math.prod(kernel) * (c // groups))
-
-
-def row2im(
-    rows: torch.Tensor,
-    input_shape: Ints,
-    kernel: Ints,
-    out_size: Ints,
-    stride: Ints,
-    padding: Ints,
-    dilation: Ints,
-) -> torch.Tensor:
-    """Sum rows ``[G, N * prod(out_size), prod(kernel) * C/G]`` back into ``[N, C, *S]``.
-
-    The adjoint of :func:`im2row` with the same arguments. Only entries that were copied
-    from the input are added (never a product with a padding zero). Returns a new
-    contiguous tensor; differentiable by autograd.
-
-    >>> x = torch.ones(1, 1, 3, 3)
-    >>> rows = im2row(x, (2, 2), (2, 2), (1, 1), (0, 0), (1, 1), 1)
-    >>> row2im(rows, x.shape, (2, 2), (2, 2), (1, 1), (0, 0), (1, 1))[0, 0]
-    tensor([[1., 2., 1.],
-            [2., 4., 2.],
-            [1., 2., 1.]])
-    """
-    _check_dims(kernel, out_size, stride, padding, dilation, input_shape)
-    dim = len(kernel)
-    n, c = input_shape[:2]
-    groups = rows.shape[0]
-    spatial = list(input_shape[2:])
-    padded = [s + 2 * p for s, p in zip(spatial, padding, strict=True)]
-    # [G, N*L, k*C/G] -> view [N, *O, *k, G, C/G] (no copy)
-    g = rows.reshape(groups, n, *out_size, *kernel, c // groups)
-    g = g.permute(*range(1, 2 + 2 * dim), 0, 2 + 2 * dim)
-    out = rows.new_zeros(n, *padded, groups, c // groups)
-    every = (slice(None),) * (1 + dim)  # N and the output positions
-    for offset, window in tap_windows(kernel, out_size, stride, dilation):
-        out[(slice(None), *window)].add_(g[(*every, *offset)])
-    crop = tuple(slice(p, p + s) for p, s in zip(padding, spatial, strict=True))
-    return out[(slice(None), *crop)].flatten(-2).movedim(-1, 1).contiguous()

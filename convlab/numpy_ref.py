@@ -283,8 +283,7 @@ def im2col(
     ``flat(p)`` the patch of output position ``p``: the per-sample layout of
     ``torch.nn.functional.unfold`` and of THNN's ``finput`` (:func:`convlab.thnn.im2col_`).
     :func:`convlab.im2col.im2col` instead folds the batch into the columns and splits the
-    groups, :func:`convlab.im2col.im2row` puts the windows in rows. Built as one strided
-    view of the padded input, then copied once.
+    groups. Built as one strided view of the padded input, then copied once.
 
     >>> im2col(np.arange(9.0).reshape(1, 1, 3, 3), 2)[0]
     array([[0., 1., 3., 4.],

@@ -1,4 +1,4 @@
-"""convlab.im2col: the two layouts, their adjoints, and agreement with F.unfold / F.fold."""
+"""convlab.im2col: the column layout, its adjoint, and agreement with F.unfold / F.fold."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convlab.im2col import col2im, im2col, im2row, row2im
+from convlab.im2col import col2im, im2col
 
 DT = torch.float64
 
@@ -37,22 +37,21 @@ def windows(draw: st.DrawFn, max_dim: int = 3):
 
 @settings(max_examples=30, deadline=None)
 @given(windows())
-def test_col2im_and_row2im_are_the_adjoints(case) -> None:
+def test_col2im_is_the_adjoint(case) -> None:
     """<im2col(x), c> == <x, col2im(c)> for random c, N-d, groups, short out_size."""
     x, kernel, out, stride, padding, dilation, groups = case
     args = (kernel, out, stride, padding, dilation)
-    for unfold, fold in ((im2col, col2im), (im2row, row2im)):
-        cols = unfold(x, *args, groups)
-        c = torch.randn_like(cols)
-        folded = fold(c, x.shape, *args)
-        assert folded.shape == x.shape and folded.is_contiguous()
-        torch.testing.assert_close((cols * c).sum(), (x * folded).sum(), rtol=1e-10, atol=1e-10)
+    cols = im2col(x, *args, groups)
+    c = torch.randn_like(cols)
+    folded = col2im(c, x.shape, *args)
+    assert folded.shape == x.shape and folded.is_contiguous()
+    torch.testing.assert_close((cols * c).sum(), (x * folded).sum(), rtol=1e-10, atol=1e-10)
 
 
 @settings(max_examples=25, deadline=None)
 @given(windows(max_dim=2).filter(lambda c: len(c[1]) == 2))
-def test_two_layouts_hold_the_same_entries_as_unfold(case) -> None:
-    """2-d with the full output size: both layouts are permutations of F.unfold's."""
+def test_columns_hold_the_same_entries_as_unfold(case) -> None:
+    """2-d with the full output size: the columns are a permutation of F.unfold's."""
     x, kernel, _, stride, padding, dilation, groups = case
     n, c = x.shape[:2]
     ref = F.unfold(x, kernel, dilation, padding, stride)  # [N, C*k, L]
@@ -63,10 +62,7 @@ def test_two_layouts_hold_the_same_entries_as_unfold(case) -> None:
     by_group = ref.reshape(n, groups, c // groups, k, positions)  # [N, G, C/G, k, L]
     expected_cols = by_group.permute(1, 2, 3, 0, 4).reshape(groups, c // groups * k,
                                                                n * positions)
-    expected_rows = by_group.permute(1, 0, 4, 3, 2).reshape(groups, n * positions,
-                                                               k * (c // groups))
     torch.testing.assert_close(im2col(x, *args), expected_cols, rtol=0, atol=0)
-    torch.testing.assert_close(im2row(x, *args), expected_rows, rtol=0, atol=0)
     # col2im agrees with F.fold on the same entries (fold sums overlapping windows too)
     grad = torch.randn_like(ref)
     cols = grad.reshape(n, groups, c // groups * k, positions).permute(1, 2, 0, 3)
@@ -77,24 +73,23 @@ def test_two_layouts_hold_the_same_entries_as_unfold(case) -> None:
 
 def test_padding_reads_as_zero_and_is_dropped_on_the_way_back() -> None:
     x = torch.full((1, 1, 2), float("inf"), dtype=DT)
-    cols = im2row(x, [2], [3], [1], [1], [1], 1)
-    assert cols.tolist() == [[[0.0, float("inf")], [float("inf"), float("inf")],
-                              [float("inf"), 0.0]]]
-    # row2im adds only entries that came from the input: padding entries never reach it
-    back = row2im(torch.ones(1, 3, 2, dtype=DT), x.shape, [2], [3], [1], [1], [1])
+    cols = im2col(x, [2], [3], [1], [1], [1], 1)
+    inf = float("inf")
+    assert cols.tolist() == [[[0.0, inf, inf], [inf, inf, 0.0]]]
+    # col2im adds only entries that came from the input: padding entries never reach it
+    back = col2im(torch.ones(1, 2, 3, dtype=DT), x.shape, [2], [3], [1], [1], [1])
     assert back.tolist() == [[[2.0, 2.0]]]
 
 
-def test_folds_are_differentiable_when_inputs_require_grad() -> None:
+def test_col2im_is_differentiable_when_inputs_require_grad() -> None:
     x = torch.randn(2, 2, 5, dtype=DT)
-    for unfold, fold in ((im2col, col2im), (im2row, row2im)):
-        cols = unfold(x, [3], [3], [1], [0], [1], 2).requires_grad_()
-        assert torch.autograd.gradcheck(lambda c, fold=fold: fold(c, x.shape, [3], [3], [1],
-                                                                   [0], [1]), (cols,))
+    cols = im2col(x, [3], [3], [1], [0], [1], 2).requires_grad_()
+    assert torch.autograd.gradcheck(
+        lambda c: col2im(c, x.shape, [3], [3], [1], [0], [1]), (cols,))
 
 
-@pytest.mark.parametrize("fn", [im2col, im2row])
-def test_mismatched_ranks_are_named(fn) -> None:
+def test_mismatched_ranks_are_named() -> None:
+    fn = im2col
     x = torch.randn(1, 2, 5, 5)
     with pytest.raises(ValueError, match="stride"):
         fn(x, [3, 3], [3, 3], [1], [0, 0], [1, 1], 1)

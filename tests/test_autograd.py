@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from conftest import devices
@@ -582,3 +583,14 @@ def test_bad_backward_arguments() -> None:
         torch.ops.convlab.convolution_backward(
             torch.randn(1, 4, 3, 3, dtype=F64), x, w, None, *hyper, [True, True]
         )
+
+
+@pytest.mark.parametrize("impl", list(IMPLS))
+def test_numpy_integer_arguments_work_like_aten(impl: str) -> None:
+    """ATen accepts any integer with ``__index__`` (e.g. ``numpy.int64``); so do the wrappers."""
+    case = CASES[4]
+    x, w, b = case.tensors()
+    i = np.int64
+    ours = IMPLS[impl](x, w, b, i(1), (i(1), i(1)), i(1), False, 0, i(2))
+    ref = native(x, w, b, [i(1)] * 2, [i(1)] * 2, [i(1)] * 2, False, [0, 0], i(2))
+    torch.testing.assert_close(ours, ref, rtol=1e-12, atol=1e-12)

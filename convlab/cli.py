@@ -42,7 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"convlab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
         return 2
     module = importlib.import_module(COMMANDS[name][0])
-    return int(module.main(rest) or 0)
+    try:
+        return int(module.main(rest) or 0)
+    except KeyboardInterrupt:  # bench keeps its finished layers itself; others just stop
+        print(f"convlab {name}: interrupted", file=sys.stderr)
+        return INTERRUPTED
 
 
 def names(text: str) -> list[str]:

@@ -154,3 +154,14 @@ def test_selection_table_covers_the_suite() -> None:
     assert by_name["resnet56"][2:] == ("Mkldnn", "Slow2d", "Slow2d")
     assert by_name["transposed"][2:] == ("MkldnnTranspose", "SlowTranspose2d",
                                          "SlowTranspose2d")
+
+
+def test_ctrl_c_is_exit_130_without_a_traceback(monkeypatch, capsys) -> None:
+    from convlab import cli
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(doctor, "checks", interrupted)
+    assert cli.main(["doctor", "--device", "cpu"]) == 130
+    assert capsys.readouterr().err.strip() == "convlab doctor: interrupted"

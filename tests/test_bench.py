@@ -286,3 +286,18 @@ def test_profile_ops_and_onednn_trace_keep_c_output_quiet(capfd) -> None:
         torch.backends.mkldnn.enabled = True
     captured = capfd.readouterr()
     assert captured.out == "" and captured.err == ""
+
+
+def test_cli_quick_defaults(tmp_path, monkeypatch) -> None:
+    seen = {}
+
+    def fake(layers, paths, passes, device, dtype, threads, rounds, min_run_time, memory,
+             progress, report):
+        seen.update(layers=layers, passes=passes, rounds=rounds, min_run_time=min_run_time,
+                    memory=memory)
+        return report
+
+    monkeypatch.setattr(bench, "benchmark", fake)
+    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert seen == {"layers": list(bench.QUICK_LAYERS), "passes": ["backward",
+                    "forward_backward"], "rounds": 5, "min_run_time": 0.1, "memory": False}

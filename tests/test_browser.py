@@ -598,7 +598,7 @@ def landing_structure(tab: object) -> dict:
         return b.tagName === 'P' && s && s.innerText.trim().endsWith('?');
       }).map(([, i]) => i);
       const start = [...art.querySelectorAll('a')].filter(a =>
-        /start with chapter 1/i.test(a.closest('p, li, div').innerText));
+        /start with chapter 1/i.test((a.closest('p, li, div') || a).innerText));
       return {answers, lists, firstTable, start: start.map(a => a.href), n: blocks.length};
     }"""
     )

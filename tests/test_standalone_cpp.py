@@ -28,7 +28,10 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def program() -> Path:
     start = time.perf_counter()
-    path = standalone.build()
+    try:
+        path = standalone.build()
+    except standalone.CudaToolkitMissing as err:  # a CUDA wheel without the toolkit
+        pytest.skip(str(err))
     # Reported, not asserted: a fresh clone configures and compiles, later runs relink.
     print(f"\nstandalone build: {time.perf_counter() - start:.1f} s")
     return path

@@ -1,8 +1,10 @@
 """Configure (once) and build the standalone libtorch program; print the executable's path.
 
-Usage: ``python cpp/standalone/build.py``. The build folder is ``.cache/cpp-standalone``
-at the repository root, reused between runs (a second build only relinks what changed).
-CMake finds libtorch through the installed wheel (``torch.utils.cmake_prefix_path``).
+Usage: ``python cpp/standalone/build.py``. The build folder is
+``.cache/cpp-standalone/<torch version>`` at the repository root, reused between runs (a
+second build only relinks what changed). CMake finds libtorch through the installed wheel
+(``torch.utils.cmake_prefix_path``). The CMake config of a CUDA build of torch looks for
+the CUDA toolkit (nvcc, headers), which a pip install does not bring.
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ from pathlib import Path
 import torch
 
 SOURCE = Path(__file__).resolve().parent
-BUILD = SOURCE.parents[1] / ".cache" / "cpp-standalone"
+BUILD = SOURCE.parents[1] / ".cache" / "cpp-standalone" / torch.__version__
+
+
+class CudaToolkitMissing(RuntimeError):
+    """torch is a CUDA build, whose CMake config needs the CUDA toolkit, and none is found."""
 
 
 def build(source: Path = SOURCE, build_dir: Path = BUILD) -> Path:
     """Configure when no CMake cache exists, build, and return the executable's path.
 
     Raises:
+        CudaToolkitMissing: torch is a CUDA build and the CUDA toolkit is not installed.
         RuntimeError: cmake is not installed, or configuring or building failed (the
             message carries CMake's output).
     """
@@ -36,6 +43,13 @@ def build(source: Path = SOURCE, build_dir: Path = BUILD) -> Path:
     steps.append(["cmake", "--build", str(build_dir)])
     for cmd in steps:
         done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if done.returncode != 0 and cmd[1] == "-S":  # a failed configure leaves no cache
+            (build_dir / "CMakeCache.txt").unlink(missing_ok=True)
+        if done.returncode != 0 and torch.version.cuda and "uses CUDA but I cannot find" in (
+                done.stdout + done.stderr):
+            raise CudaToolkitMissing(
+                f"torch {torch.__version__} is a CUDA build; its CMake config needs the "
+                "CUDA toolkit (headers and libcudart), which CMake did not find")
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd[:2])} failed:\n{done.stdout[-3000:]}"
                                f"{done.stderr[-3000:]}")

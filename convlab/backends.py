@@ -124,7 +124,8 @@ def select_backend(
     Returns:
         A name from ``CONV_BACKENDS``, e.g. ``"Mkldnn"`` or ``"Slow2d"``.
 
-    >>> x, w = torch.randn(1, 3, 8, 8, dtype=torch.float64), torch.randn(4, 3, 3, 3).double()
+    >>> x = torch.randn(1, 3, 8, 8, dtype=torch.float64)
+    >>> w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
     >>> select_backend(x, w, dilation=2)
     'SlowDilated2d'
     """

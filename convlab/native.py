@@ -169,8 +169,9 @@ def convolution_backward(
 
     >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     >>> go = torch.ones(2, 4, 6, 6)
-    >>> gi, gw, gb = convolution_backward(go, x, w, [4], 1, 0, 1, False, 0, 1,
-    ...                                   [True, True, True], backend="slow")
+    >>> mask = [True, True, True]
+    >>> gi, gw, gb = convolution_backward(go, x, w, [4], 1, 0, 1, False,
+    ...                                   0, 1, mask, backend="slow")
     >>> gb
     tensor([72., 72., 72., 72.])
     """

@@ -185,7 +185,8 @@ def convolution_backward_naive(
     ``(grad_input, grad_weight, grad_bias)`` shaped like input, weight and ``[C_out]``,
     ``None`` where ``output_mask`` is false.
 
-    >>> x = np.ones((1, 1, 3, 3)); w = np.ones((1, 1, 2, 2)); go = np.ones((1, 1, 2, 2))
+    >>> x = np.ones((1, 1, 3, 3))
+    >>> w, go = np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2))
     >>> convolution_backward_naive(go, x, w)[0][0, 0]
     array([[1., 2., 1.],
            [2., 4., 2.],
@@ -431,7 +432,8 @@ def convolution_backward(
     gradient is a single GEMM per group. Shapes as in :func:`convolution_backward_naive`;
     ``None`` where ``output_mask`` is false.
 
-    >>> x = np.ones((1, 1, 3, 3)); w = np.ones((1, 1, 2, 2)); go = np.ones((1, 1, 2, 2))
+    >>> x = np.ones((1, 1, 3, 3))
+    >>> w, go = np.ones((1, 1, 2, 2)), np.ones((1, 1, 2, 2))
     >>> gi, gw, gb = convolution_backward(go, x, w, [1])
     >>> gw[0, 0], gb
     (array([[4., 4.],

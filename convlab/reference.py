@@ -290,7 +290,9 @@ def convolution(
     Returns the output ``[N, C_out, *O]`` (contiguous), differentiable by autograd.
 
     >>> x, w = torch.randn(2, 4, 8, 8), torch.randn(6, 2, 3, 3)
-    >>> convolution(x, w, None, [2, 2], [1, 1], [1, 1], False, [0, 0], 2).shape
+    >>> y = convolution(x, w, None, [2, 2], [1, 1], [1, 1], False,
+    ...                 [0, 0], 2)
+    >>> y.shape
     torch.Size([2, 6, 4, 4])
     """
     p = ConvParams.for_tensors(
@@ -331,7 +333,8 @@ def convolution_backward(
     >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     >>> gy = torch.randn(2, 4, 6, 6)
     >>> gi, gw, gb = convolution_backward(
-    ...     gy, x, w, [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1, [True, True, True])
+    ...     gy, x, w, [4], [1, 1], [0, 0], [1, 1], False, [0, 0], 1,
+    ...     [True, True, True])
     >>> gi.shape, gw.shape, gb.shape
     (torch.Size([2, 3, 8, 8]), torch.Size([4, 3, 3, 3]), torch.Size([4]))
     """
@@ -402,10 +405,11 @@ def convolution_double_backward(
     (``ggO`` when all three are None, ``gI`` without ``ggW``, ``gW`` without ``ggI``), and
     the convolution terms are None when ``input`` has no elements.
 
-    >>> x, w, gO = torch.randn(1, 2, 5), torch.randn(3, 2, 3), torch.randn(1, 3, 3)
+    >>> x, w = torch.randn(1, 2, 5), torch.randn(3, 2, 3)
+    >>> gO = torch.randn(1, 3, 3)
     >>> ggO, gI, gW = convolution_double_backward(
-    ...     None, torch.ones_like(w), None, gO, w, x, [1], [0], [1], False, [0], 1,
-    ...     [True, True, True])
+    ...     None, torch.ones_like(w), None, gO, w, x, [1], [0], [1],
+    ...     False, [0], 1, [True, True, True])
     >>> ggO.shape, gI.shape, gW is None
     (torch.Size([1, 3, 3]), torch.Size([1, 2, 5]), True)
     """

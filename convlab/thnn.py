@@ -367,7 +367,9 @@ def conv2d_backward(
 
     >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     >>> out, cols = conv2d_forward(x, w, 3, None, 1, 1)
-    >>> gi, gw, gb = conv2d_backward(torch.ones_like(out), x, w, 3, 1, 1, cols, torch.empty(0))
+    >>> go = torch.ones_like(out)
+    >>> gi, gw, gb = conv2d_backward(go, x, w, 3, 1, 1, cols,
+    ...                              torch.empty(0))
     >>> gi.shape, gw.shape, gb.shape
     (torch.Size([2, 3, 8, 8]), torch.Size([4, 3, 3, 3]), torch.Size([4]))
     """

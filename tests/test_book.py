@@ -82,8 +82,11 @@ def test_first_code_cell_is_the_colab_install(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     first = code_cells(nb)[0].source
     assert '"google.colab" in sys.modules' in first, "the first code cell must be the Colab install"
-    assert f"git+{REPO_URL}" in first, f"the Colab install must use {REPO_URL} from _config.yml"
-    assert "pip install" in first
+    assert f'REPO = "{REPO_URL}"' in first and "git+{REPO}" in first, (
+        f"the Colab install must use {REPO_URL} from _config.yml"
+    )
+    assert "pip install" in first and "--no-deps" in first, "Colab keeps its own torch"
+    assert "remove-input" in code_cells(nb)[0].metadata.get("tags", [])
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -1,12 +1,15 @@
-// convlab_ext: two of ATen's convolution-backward entry points, called from C++.
+// convlab_ext: two of ATen's convolution-backward entry points, called from
+// C++.
 //
 // Lean on purpose: only <torch/library.h> and a few ATen headers, no pybind11
-// (torch/extension.h), so a cold build takes seconds instead of a minute. The ops are
-// registered with TORCH_LIBRARY and reached from Python as torch.ops.convlab_ext.<op>.
+// (torch/extension.h), so a cold build takes seconds instead of a minute. The
+// ops are registered with TORCH_LIBRARY and reached from Python as
+// torch.ops.convlab_ext.<op>.
 //
 // Both kernels are device-agnostic: at::convolution_backward and
-// at::_slow_conv2d_backward_out go through the dispatcher, which picks the CPU or CUDA
-// (cuDNN, ...) implementation from the tensors' device. No CUDA code is compiled here.
+// at::_slow_conv2d_backward_out go through the dispatcher, which picks the CPU
+// or CUDA (cuDNN, ...) implementation from the tensors' device. No CUDA code is
+// compiled here.
 
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_slow_conv2d_backward.h>
@@ -20,30 +23,38 @@
 
 namespace {
 
-// ATen's signature, forwarded unchanged. Masked-off outputs come back undefined (None).
+// ATen's signature, forwarded unchanged. Masked-off outputs come back
+// undefined (None).
 std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    at::OptionalIntArrayRef bias_sizes, at::IntArrayRef stride, at::IntArrayRef padding,
-    at::IntArrayRef dilation, bool transposed, at::IntArrayRef output_padding, int64_t groups,
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const at::Tensor& weight, at::OptionalIntArrayRef bias_sizes,
+    at::IntArrayRef stride, at::IntArrayRef padding, at::IntArrayRef dilation,
+    bool transposed, at::IntArrayRef output_padding, int64_t groups,
     std::array<bool, 3> output_mask) {
-  return at::convolution_backward(grad_output, input, weight, bias_sizes, stride, padding,
-                                  dilation, transposed, output_padding, groups, output_mask);
+  return at::convolution_backward(grad_output, input, weight, bias_sizes,
+                                  stride, padding, dilation, transposed,
+                                  output_padding, groups, output_mask);
 }
 
 using Named = std::pair<const at::Tensor*, const char*>;
 
-// An out= buffer of the wrong shape is resized, and resize_ keeps a storage that is big
-// enough: a view, or a buffer sharing storage with another argument, would then be written
-// outside its own elements. A buffer of the right shape must not overlap the other
-// arguments (the kernel would read what it has already overwritten).
-void check_buffer(const Named& out, at::IntArrayRef shape, const std::vector<Named>& others) {
+// An out= buffer of the wrong shape is resized, and resize_ keeps a storage
+// that is big enough: a view, or a buffer sharing storage with another
+// argument, would then be written outside its own elements. A buffer of the
+// right shape must not overlap the other arguments (the kernel would read what
+// it has already overwritten).
+void check_buffer(const Named& out, at::IntArrayRef shape,
+                  const std::vector<Named>& others) {
   const at::Tensor& buf = *out.first;
   if (buf.sizes() != shape) {
     TORCH_CHECK(!buf.is_view(), "slow_conv2d_backward_out: ", out.second,
-                " has the wrong shape and is a view: resizing it would write outside it");
+                " has the wrong shape and is a view: "
+                "resizing it would write outside it");
     for (const auto& other : others) {
-      TORCH_CHECK(!buf.is_alias_of(*other.first), "slow_conv2d_backward_out: ", out.second,
-                  " has the wrong shape and shares storage with ", other.second);
+      TORCH_CHECK(!buf.is_alias_of(*other.first),
+                  "slow_conv2d_backward_out: ", out.second,
+                  " has the wrong shape and shares storage with ",
+                  other.second);
     }
     return;
   }
@@ -53,27 +64,32 @@ void check_buffer(const Named& out, at::IntArrayRef shape, const std::vector<Nam
   }
 }
 
-// The explicit-buffer call of the old thnn_conv2d_backward, for today's ATen: the three
-// outputs are the caller's tensors, resized in place when their shape is wrong.
-// The slow kernel reads input and grad_output as contiguous NCHW, so make them so.
+// The explicit-buffer call of the old thnn_conv2d_backward, for today's ATen:
+// the three outputs are the caller's tensors, resized in place when their
+// shape is wrong. The slow kernel reads input and grad_output as contiguous
+// NCHW, so make them so.
 std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> slow_conv2d_backward_out(
     at::Tensor& grad_input, at::Tensor& grad_weight, at::Tensor& grad_bias,
-    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
-    at::IntArrayRef kernel_size, at::IntArrayRef stride, at::IntArrayRef padding) {
+    const at::Tensor& grad_output, const at::Tensor& input,
+    const at::Tensor& weight, at::IntArrayRef kernel_size,
+    at::IntArrayRef stride, at::IntArrayRef padding) {
   TORCH_CHECK(input.dim() == 4 && weight.dim() == 4,
-              "slow_conv2d_backward_out: input and weight must be 4-d, got ", input.dim(),
-              "-d and ", weight.dim(), "-d");
-  TORCH_CHECK(kernel_size.size() == 2 && stride.size() == 2 && padding.size() == 2,
-              "slow_conv2d_backward_out: kernel_size, stride and padding need 2 values each");
+              "slow_conv2d_backward_out: input and weight must be 4-d, got ",
+              input.dim(), "-d and ", weight.dim(), "-d");
+  TORCH_CHECK(
+      kernel_size.size() == 2 && stride.size() == 2 && padding.size() == 2,
+      "slow_conv2d_backward_out: kernel_size, stride and padding need "
+      "2 values each");
   const Named gi{&grad_input, "grad_input"}, gw{&grad_weight, "grad_weight"},
-      gb{&grad_bias, "grad_bias"}, go{&grad_output, "grad_output"}, x{&input, "input"},
-      w{&weight, "weight"};
+      gb{&grad_bias, "grad_bias"}, go{&grad_output, "grad_output"},
+      x{&input, "input"}, w{&weight, "weight"};
   const int64_t out_channels = weight.size(0);
   check_buffer(gi, input.sizes(), {go, x, w, gw, gb});
   check_buffer(gw, weight.sizes(), {go, x, w, gi, gb});
   check_buffer(gb, at::IntArrayRef(&out_channels, 1), {go, x, w, gi, gw});
-  at::_slow_conv2d_backward_out(grad_input, grad_weight, grad_bias, grad_output.contiguous(),
-                                input.contiguous(), weight.contiguous(), kernel_size, stride,
+  at::_slow_conv2d_backward_out(grad_input, grad_weight, grad_bias,
+                                grad_output.contiguous(), input.contiguous(),
+                                weight.contiguous(), kernel_size, stride,
                                 padding);
   return std::forward_as_tuple(grad_input, grad_weight, grad_bias);
 }
@@ -82,13 +98,15 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> slow_conv2d_backward_out(
 
 TORCH_LIBRARY(convlab_ext, m) {
   m.def(
-      "convolution_backward(Tensor grad_output, Tensor input, Tensor weight, int[]? bias_sizes, "
-      "int[] stride, int[] padding, int[] dilation, bool transposed, int[] output_padding, "
-      "int groups, bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
+      "convolution_backward(Tensor grad_output, Tensor input, Tensor weight, "
+      "int[]? bias_sizes, int[] stride, int[] padding, int[] dilation, "
+      "bool transposed, int[] output_padding, int groups, "
+      "bool[3] output_mask) -> (Tensor, Tensor, Tensor)",
       &convolution_backward);
   m.def(
-      "slow_conv2d_backward_out(Tensor(a!) grad_input, Tensor(b!) grad_weight, "
-      "Tensor(c!) grad_bias, Tensor grad_output, Tensor input, Tensor weight, int[2] kernel_size, "
-      "int[2] stride, int[2] padding) -> (Tensor(a!), Tensor(b!), Tensor(c!))",
+      "slow_conv2d_backward_out(Tensor(a!) grad_input, "
+      "Tensor(b!) grad_weight, Tensor(c!) grad_bias, Tensor grad_output, "
+      "Tensor input, Tensor weight, int[2] kernel_size, int[2] stride, "
+      "int[2] padding) -> (Tensor(a!), Tensor(b!), Tensor(c!))",
       &slow_conv2d_backward_out);
 }

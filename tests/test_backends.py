@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 import torch
+from backend_cases import CPU_BACKEND_CASES
+from backend_cases import make_case as _case
 
 from convlab import backends, native
 from convlab.backends import (
@@ -77,43 +79,12 @@ def test_names_agree_with_the_python_enum_and_fix_its_quirks() -> None:
 # --- select_backend --------------------------------------------------------------------------
 
 
-def _case(shape_x, shape_w, dtype=F64, transposed=False, stride=1, padding=0, dilation=1,
-          output_padding=0, groups=1, bias=True):
-    x = torch.randn(*shape_x, dtype=dtype)
-    w = torch.randn(*shape_w, dtype=dtype)
-    out_ch = shape_w[1] * groups if transposed else shape_w[0]
-    b = torch.randn(out_ch, dtype=dtype) if bias else None
-    return x, w, b, dict(stride=stride, padding=padding, dilation=dilation, transposed=transposed,
-                         output_padding=output_padding, groups=groups)
-
-
-# (expected backend, input shape, weight shape, options, forced backend name or None)
-DOCUMENTED = [
-    ("Slow2d", (2, 4, 9, 9), (6, 4, 3, 3), {}, None),
-    ("Slow2d", (2, 4, 9), (6, 4, 3), {}, None),  # fp64 conv1d is viewed as 2-d
-    ("SlowDilated2d", (2, 4, 9, 9), (6, 4, 3, 3), {"dilation": 2}, None),
-    ("SlowTranspose2d", (2, 4, 5, 5), (4, 3, 3, 3), {"transposed": True, "stride": 2}, None),
-    ("Slow3d", (2, 4, 5, 6, 5), (6, 2, 3, 3, 2), {"groups": 2, "stride": (1, 2, 1)}, None),
-    ("SlowDilated3d", (1, 2, 7, 7, 7), (3, 2, 3, 3, 3), {"dilation": 2}, None),
-    ("SlowTranspose3d", (1, 2, 4, 4, 4), (2, 3, 2, 2, 2), {"transposed": True, "stride": 2}, None),
-    ("Empty", (0, 4, 9, 9), (6, 4, 3, 3), {}, None),
-    ("Mkldnn", (2, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, None),
-    ("MkldnnTranspose", (2, 4, 5, 5), (4, 3, 3, 3),
-     {"dtype": torch.float32, "transposed": True, "stride": 2, "output_padding": 1}, None),
-    ("Slow2d", (2, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, "slow"),
-    ("NnpackSpatial", (16, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, "nnpack"),
-    ("NnpackSpatial", (16, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32, "stride": 2},
-     "nnpack"),
-    ("Slow2d", (16, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, "slow"),
-]
-
-
 def _available(forced: str | None) -> bool:
     return forced is None or forced in available_backends("cpu")
 
 
-@pytest.mark.parametrize("expected, xs, ws, opts, forced", DOCUMENTED,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(DOCUMENTED)])
+@pytest.mark.parametrize("expected, xs, ws, opts, forced", CPU_BACKEND_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CPU_BACKEND_CASES)])
 def test_select_backend_gives_the_documented_backend(expected, xs, ws, opts, forced) -> None:
     if not _available(forced):
         pytest.skip(f"{forced} is not built into this torch")  # only NNPACK-less builds

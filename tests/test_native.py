@@ -13,6 +13,8 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
+from backend_cases import CPU_BACKEND_CASES
+from backend_cases import make_case as _case
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -51,34 +53,6 @@ def _flags_restored():
     assert flags_now() == before, "a test (or convlab) leaked backend flags"
 
 
-def _case(shape_x, shape_w, dtype=F64, transposed=False, stride=1, padding=0, dilation=1,
-          output_padding=0, groups=1, bias=True):
-    x = torch.randn(*shape_x, dtype=dtype)
-    w = torch.randn(*shape_w, dtype=dtype)
-    out_ch = shape_w[1] * groups if transposed else shape_w[0]
-    b = torch.randn(out_ch, dtype=dtype) if bias else None
-    return x, w, b, dict(stride=stride, padding=padding, dilation=dilation, transposed=transposed,
-                         output_padding=output_padding, groups=groups)
-
-
-# (expected backend, input shape, weight shape, options, forced backend name or None)
-CPU_PATHS = [
-    ("Slow2d", (2, 4, 9, 9), (6, 4, 3, 3), {}, None),
-    ("Slow2d", (2, 4, 9), (6, 4, 3), {}, None),  # fp64 conv1d is viewed as 2-d
-    ("SlowDilated2d", (2, 4, 9, 9), (6, 4, 3, 3), {"dilation": 2}, None),
-    ("SlowTranspose2d", (2, 4, 5, 5), (4, 3, 3, 3), {"transposed": True, "stride": 2}, None),
-    ("Slow3d", (2, 4, 5, 6, 5), (6, 2, 3, 3, 2), {"groups": 2, "stride": (1, 2, 1)}, None),
-    ("SlowDilated3d", (1, 2, 7, 7, 7), (3, 2, 3, 3, 3), {"dilation": 2}, None),
-    ("SlowTranspose3d", (1, 2, 4, 4, 4), (2, 3, 2, 2, 2), {"transposed": True, "stride": 2}, None),
-    ("Empty", (0, 4, 9, 9), (6, 4, 3, 3), {}, None),
-    ("Mkldnn", (2, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, None),
-    ("MkldnnTranspose", (2, 4, 5, 5), (4, 3, 3, 3),
-     {"dtype": torch.float32, "transposed": True, "stride": 2, "output_padding": 1}, None),
-    ("Slow2d", (2, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, "slow"),
-    ("NnpackSpatial", (16, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, "nnpack"),
-]
-
-
 def _grads_vs_reference(x, w, b, kw, backend, tol):
     p = ConvParams.for_tensors(x, w, b, **kw)
     out = torch.ops.aten.convolution(x, w, b, *p.aten_args())
@@ -92,8 +66,8 @@ def _grads_vs_reference(x, w, b, kw, backend, tol):
         torch.testing.assert_close(g.double(), r, atol=tol, rtol=tol, msg=name)
 
 
-@pytest.mark.parametrize("expected, xs, ws, opts, forced", CPU_PATHS,
-                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CPU_PATHS)])
+@pytest.mark.parametrize("expected, xs, ws, opts, forced", CPU_BACKEND_CASES,
+                         ids=[f"{c[0]}-{i}" for i, c in enumerate(CPU_BACKEND_CASES)])
 def test_every_cpu_backend_matches_the_reference(expected, xs, ws, opts, forced) -> None:
     if forced is not None and forced not in available_backends("cpu"):
         pytest.skip(f"{forced} is not built into this torch")  # only NNPACK-less builds

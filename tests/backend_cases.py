@@ -1,0 +1,42 @@
+"""Convolution cases, one or more per CPU backend, shared by test_backends and test_native.
+
+Each row: (expected backend, input shape, weight shape, options for :func:`make_case`,
+forced backend name or None).
+"""
+
+from __future__ import annotations
+
+import torch
+
+F64 = torch.float64
+
+
+def make_case(shape_x, shape_w, dtype=F64, transposed=False, stride=1, padding=0, dilation=1,
+          output_padding=0, groups=1, bias=True):
+    x = torch.randn(*shape_x, dtype=dtype)
+    w = torch.randn(*shape_w, dtype=dtype)
+    out_ch = shape_w[1] * groups if transposed else shape_w[0]
+    b = torch.randn(out_ch, dtype=dtype) if bias else None
+    return x, w, b, dict(stride=stride, padding=padding, dilation=dilation, transposed=transposed,
+                         output_padding=output_padding, groups=groups)
+
+
+# (expected backend, input shape, weight shape, options, forced backend name or None)
+CPU_BACKEND_CASES = [
+    ("Slow2d", (2, 4, 9, 9), (6, 4, 3, 3), {}, None),
+    ("Slow2d", (2, 4, 9), (6, 4, 3), {}, None),  # fp64 conv1d is viewed as 2-d
+    ("SlowDilated2d", (2, 4, 9, 9), (6, 4, 3, 3), {"dilation": 2}, None),
+    ("SlowTranspose2d", (2, 4, 5, 5), (4, 3, 3, 3), {"transposed": True, "stride": 2}, None),
+    ("Slow3d", (2, 4, 5, 6, 5), (6, 2, 3, 3, 2), {"groups": 2, "stride": (1, 2, 1)}, None),
+    ("SlowDilated3d", (1, 2, 7, 7, 7), (3, 2, 3, 3, 3), {"dilation": 2}, None),
+    ("SlowTranspose3d", (1, 2, 4, 4, 4), (2, 3, 2, 2, 2), {"transposed": True, "stride": 2}, None),
+    ("Empty", (0, 4, 9, 9), (6, 4, 3, 3), {}, None),
+    ("Mkldnn", (2, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, None),
+    ("MkldnnTranspose", (2, 4, 5, 5), (4, 3, 3, 3),
+     {"dtype": torch.float32, "transposed": True, "stride": 2, "output_padding": 1}, None),
+    ("Slow2d", (2, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, "slow"),
+    ("NnpackSpatial", (16, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, "nnpack"),
+    ("NnpackSpatial", (16, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32, "stride": 2},
+     "nnpack"),
+    ("Slow2d", (16, 4, 9, 9), (6, 4, 3, 3), {"dtype": torch.float32}, "slow"),
+]

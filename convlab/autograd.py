@@ -175,6 +175,17 @@ def _conv_jvp(
 # --------------------------------------------------------------------------------------------
 
 
+def _save_backward_inputs(ctx: Any, inputs: tuple[Any, ...]) -> None:
+    """Save what a convolution backward's own backward and jvp need (both wrappers)."""
+    grad_output, input, weight, bias_sizes, *hyper, output_mask = inputs
+    ctx.save_for_backward(grad_output, input, weight)
+    ctx.save_for_forward(grad_output, input, weight)
+    ctx.hyper = tuple(hyper)
+    ctx.bias_sizes = bias_sizes
+    ctx.output_mask = list(output_mask)
+    ctx.set_materialize_grads(False)
+
+
 class ConvolutionBackward(torch.autograd.Function):
     """First-order conv backward as a differentiable Function.
 
@@ -211,13 +222,7 @@ class ConvolutionBackward(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
         """Save grad_output, input and weight for ``backward`` and ``jvp``."""
-        grad_output, input, weight, bias_sizes, *hyper, output_mask = inputs
-        ctx.save_for_backward(grad_output, input, weight)
-        ctx.save_for_forward(grad_output, input, weight)
-        ctx.hyper = tuple(hyper)
-        ctx.bias_sizes = bias_sizes
-        ctx.output_mask = list(output_mask)
-        ctx.set_materialize_grads(False)
+        _save_backward_inputs(ctx, inputs)
 
     @staticmethod
     def backward(  # type: ignore[override]
@@ -550,13 +555,7 @@ class ConvolutionBackwardOpFunction(torch.autograd.Function):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Any) -> None:
-        grad_output, input, weight, bias_sizes, *hyper, output_mask = inputs
-        ctx.save_for_backward(grad_output, input, weight)
-        ctx.save_for_forward(grad_output, input, weight)
-        ctx.hyper = tuple(hyper)
-        ctx.bias_sizes = bias_sizes
-        ctx.output_mask = list(output_mask)
-        ctx.set_materialize_grads(False)
+        _save_backward_inputs(ctx, inputs)
 
     @staticmethod
     def backward(  # type: ignore[override]

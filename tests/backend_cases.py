@@ -1,4 +1,5 @@
-"""Convolution cases, one or more per CPU backend, shared by test_backends and test_native.
+"""Shared by test_backends and test_native: convolution cases, one or more per CPU backend,
+and a snapshot of the process-wide backend flags (no test may leave them changed).
 
 Each row: (expected backend, input shape, weight shape, options for :func:`make_case`,
 forced backend name or None).
@@ -9,6 +10,17 @@ from __future__ import annotations
 import torch
 
 F64 = torch.float64
+
+
+def flags_now() -> tuple:
+    """The global flags that forcing a backend touches."""
+    return (
+        torch.backends.mkldnn.enabled,
+        torch._C._get_nnpack_enabled(),
+        torch.backends.cudnn.enabled,
+        torch.backends.cudnn.deterministic,
+        torch.backends.cudnn.benchmark,
+    )
 
 
 def make_case(shape_x, shape_w, dtype=F64, transposed=False, stride=1, padding=0, dilation=1,

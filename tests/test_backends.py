@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from backend_cases import CPU_BACKEND_CASES
+from backend_cases import CPU_BACKEND_CASES, flags_now
 from backend_cases import make_case as _case
 
 from convlab import backends, native
@@ -32,16 +32,6 @@ def raw_backend(x, w, b, stride, padding, dilation, transposed, output_padding, 
         x, w, b, stride, padding, dilation, transposed, output_padding, groups
     )
     return CONV_BACKENDS[int(value)]
-
-
-def flags_now() -> tuple:
-    return (
-        torch.backends.mkldnn.enabled,
-        torch._C._get_nnpack_enabled(),
-        torch.backends.cudnn.enabled,
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-    )
 
 
 @pytest.fixture(autouse=True)

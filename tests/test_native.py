@@ -13,7 +13,7 @@ from functools import partial
 import numpy as np
 import pytest
 import torch
-from backend_cases import CPU_BACKEND_CASES
+from backend_cases import CPU_BACKEND_CASES, flags_now
 from backend_cases import make_case as _case
 from hypothesis import given
 from hypothesis import strategies as st
@@ -33,16 +33,6 @@ from convlab.params import ConvParams
 F64 = torch.float64
 ALL_MASK = [True, True, True]
 MASKS = [list(m) for m in itertools.product([True, False], repeat=3)]
-
-
-def flags_now() -> tuple:
-    return (
-        torch.backends.mkldnn.enabled,
-        torch._C._get_nnpack_enabled(),
-        torch.backends.cudnn.enabled,
-        torch.backends.cudnn.deterministic,
-        torch.backends.cudnn.benchmark,
-    )
 
 
 @pytest.fixture(autouse=True)

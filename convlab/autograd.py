@@ -36,6 +36,7 @@ from typing import Any
 import torch
 from torch import Tensor
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
+from torch.autograd.function import _SingleLevelFunction
 
 from convlab import reference
 from convlab.params import (
@@ -501,7 +502,7 @@ def _below_autograd() -> Iterator[None]:
         yield
 
 
-class ConvolutionOpFunction(torch.autograd.Function):
+class ConvolutionOpFunction(_SingleLevelFunction):
     """Autograd kernel of ``convlab::convolution`` (graph node ``ConvolutionOpFunctionBackward``).
 
     ``forward`` runs the operator below the autograd key, so AOTAutograd records the op
@@ -541,7 +542,7 @@ class ConvolutionOpFunction(torch.autograd.Function):
                          ctx.hyper)
 
 
-class ConvolutionBackwardOpFunction(torch.autograd.Function):
+class ConvolutionBackwardOpFunction(_SingleLevelFunction):
     """Autograd kernel of ``convlab::convolution_backward``.
 
     ``backward`` is ``reference.convolution_double_backward`` (gradients of the empty,
@@ -594,13 +595,14 @@ class ConvolutionBackwardOpFunction(torch.autograd.Function):
 def _autograd_kernel(fn: type[torch.autograd.Function]) -> Callable[..., Any]:
     """The ``Autograd``-key kernel that records ``fn``'s node on the operator's inputs.
 
-    It calls the Function's plain (single-level) ``apply``, as ATen's generated autograd
-    kernels record their nodes: when ``torch.func`` reaches this key it has already wrapped
-    the inputs for its current level, and ``Function.apply`` would hand the call back to
-    ``torch.func``, which has no kernel at this key. ``torch.func`` refuses single-level
-    Functions unless told they are allowed, which is true here for the kernel's duration.
+    ``fn`` is a single-level Function, recorded the way ATen's generated autograd kernels
+    record their nodes: when ``torch.func`` reaches this key it has already wrapped the
+    inputs for its current level, and a full ``torch.autograd.Function`` would hand the call
+    back to ``torch.func`` (from Python before torch 2.15, from C++ since), which has no
+    kernel at this key. ``torch.func`` refuses single-level Functions unless told they are
+    allowed, which is true here for the kernel's duration.
     """
-    single_level_apply = super(torch.autograd.Function, fn).apply  # type: ignore[misc]
+    single_level_apply = fn.apply
     functorch = torch._C._functorch
 
     def kernel(*args: Any) -> Any:

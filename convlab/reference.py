@@ -1,4 +1,4 @@
-"""Convolution forward, backward and double backward from torch ops: the team's yardstick.
+"""Convolution forward, backward and double backward from torch ops: the exact yardstick.
 
 Each function has the signature, argument order and return tuple of its ``torch.ops.aten``
 twin (``convolution``, ``convolution_backward``, ``_convolution_double_backward``), works for

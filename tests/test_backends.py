@@ -293,6 +293,24 @@ def test_use_backend_rejects_non_tensors_before_touching_flags(which) -> None:
 # --- threads ----------------------------------------------------------------------------------
 
 
+def run_threads(worker, n: int) -> None:
+    """Run ``worker(t)`` for t in range(n) on n threads; re-raise the first failure."""
+    errors: list[BaseException] = []
+
+    def guarded(t: int) -> None:
+        try:
+            worker(t)
+        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=guarded, args=(t,)) for t in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
 def _thread_case(i: int) -> tuple:
     g = torch.Generator().manual_seed(i)
     dtype = (torch.float32, F64)[i % 2]
@@ -306,34 +324,25 @@ def test_threads_forcing_mixed_backends_restore_flags_and_compute_right() -> Non
     """8 threads x 20 calls of convolution_backward with mixed forced backends."""
     names = ["slow", None] + (["mkldnn"] if "mkldnn" in available_backends("cpu") else [])
     before = flags_now()
-    errors: list[BaseException] = []
     start = threading.Barrier(8)
 
     def worker(t: int) -> None:
-        try:
-            start.wait()
-            for i in range(20):
-                x, w, go = _thread_case(t * 20 + i)
-                name = names[(t + i) % len(names)]
-                if name == "mkldnn" and x.dtype == F64:
-                    name = "slow"
-                got = native.convolution_backward(go, x, w, [6], 1, 0, 1, False, 0, 1,
-                                                  [True, True, True], backend=name)
-                want = torch.ops.aten.convolution_backward(
-                    go.double(), x.double(), w.double(), [6], [1, 1], [0, 0], [1, 1], False,
-                    [0, 0], 1, [True, True, True])
-                tol = 1e-10 if x.dtype == F64 else 1e-4  # float32: ~100-term sums
-                for g, r in zip(got, want, strict=True):
-                    torch.testing.assert_close(g.double(), r, atol=tol, rtol=tol)
-        except BaseException as exc:  # noqa: BLE001 - reported by the main thread
-            errors.append(exc)
+        start.wait()
+        for i in range(20):
+            x, w, go = _thread_case(t * 20 + i)
+            name = names[(t + i) % len(names)]
+            if name == "mkldnn" and x.dtype == F64:
+                name = "slow"
+            got = native.convolution_backward(go, x, w, [6], 1, 0, 1, False, 0, 1,
+                                              [True, True, True], backend=name)
+            want = torch.ops.aten.convolution_backward(
+                go.double(), x.double(), w.double(), [6], [1, 1], [0, 0], [1, 1], False,
+                [0, 0], 1, [True, True, True])
+            tol = 1e-10 if x.dtype == F64 else 1e-4  # float32: ~100-term sums
+            for g, r in zip(got, want, strict=True):
+                torch.testing.assert_close(g.double(), r, atol=tol, rtol=tol)
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_threads(worker, 8)
     assert flags_now() == before
 
 
@@ -343,23 +352,14 @@ def test_a_thread_sees_the_flags_it_forces_while_others_force_another() -> None:
     names = ["slow"] + (["mkldnn"] if "mkldnn" in available_backends("cpu") else [])
     expect = {"slow": "Slow2d", "mkldnn": "Mkldnn"}
     seen: list[tuple[str, str]] = []
-    errors: list[BaseException] = []
 
     def worker(t: int) -> None:
-        try:
-            for i in range(10):
-                name = names[(t + i) % len(names)]
-                with use_backend(name, x, w):
-                    seen.append((name, select_backend(x, w)))
-        except BaseException as exc:  # noqa: BLE001
-            errors.append(exc)
+        for i in range(10):
+            name = names[(t + i) % len(names)]
+            with use_backend(name, x, w):
+                seen.append((name, select_backend(x, w)))
 
-    threads = [threading.Thread(target=worker, args=(t,)) for t in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+    run_threads(worker, 6)
     assert len(seen) == 60 and all(expect[n] == got for n, got in seen), seen
 
 

@@ -11,7 +11,7 @@
   script that redraws every icon as SVG. The CSS alone draws the same icons, so the script
   tag is removed from the written pages.
 * ``static/book.css``: content that fits its column (inline code that can break, tables of
-  ``convlab.notebook.Table`` outputs, display math that never widens the page).
+  ``convlab.lab.notebook.Table`` outputs, display math that never widens the page).
 
 Enabled in ``_config.yml`` under ``sphinx: local_extensions: {book_html: _ext}``.
 """

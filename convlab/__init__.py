@@ -1,15 +1,20 @@
 """convlab: convolution backward in PyTorch, from scratch and through the native paths.
 
-Modules (one concept each; see the book's API reference):
+Three parts, as in the book, each a subpackage that imports only the ones before it:
 
-* :mod:`convlab.params`: :class:`~convlab.params.ConvParams`, argument normalisation and checks.
-* :mod:`convlab.notebook`: the shared setup and check helpers of the book's notebooks.
+* :mod:`convlab.scratch`: the maths built from tensor ops and NumPy (``params``,
+  ``im2col``, ``numpy_ref``, ``reference``, ``thnn``, ``per_sample``);
+* :mod:`convlab.aten`: PyTorch's own code, selected, called and traced (``backends``,
+  ``native``, ``buffers``, ``extension``, ``dispatch``, ``kernels``, ``derivatives``);
+* :mod:`convlab.lab`: measuring both (``timing``, ``profiling``, ``bench``, ``paths``,
+  ``numerics``, ``doctor``, ``notebook``).
 
-Submodules are imported on demand (``import convlab.reference``) so that importing the
-package stays cheap.
+:mod:`convlab.autograd` (autograd ops on convlab's formulas) and :mod:`convlab.cli` (the
+``convlab`` command) sit on top. Submodules are imported on demand (``from convlab.scratch
+import reference``) so that importing the package stays cheap.
 """
 
-from convlab.params import ConvParams
+from convlab.scratch.params import ConvParams
 
 __all__ = ["ConvParams"]
 __version__ = "0.1.0"

@@ -1,6 +1,6 @@
 """Convolution as a twice-differentiable autograd op whose derivatives are convlab's own.
 
-Two ways to plug :mod:`convlab.reference` into autograd:
+Two ways to plug :mod:`convlab.scratch.reference` into autograd:
 
 * :class:`Convolution` (a :class:`torch.autograd.Function`) and its functional form
   :func:`convolution`. Its backward is a second Function, :class:`ConvolutionBackward`, whose
@@ -38,8 +38,8 @@ from torch import Tensor
 from torch.autograd.forward_ad import _set_fwd_grad_enabled
 from torch.autograd.function import _SingleLevelFunction
 
-from convlab import reference
-from convlab.params import (
+from convlab.scratch import reference
+from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
     check_bias_sizes,

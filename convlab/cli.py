@@ -16,9 +16,13 @@ import time
 from collections.abc import Callable, Sequence
 
 COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": ("convlab.doctor", "environment, backends, a quick correctness check of every path"),
-    "trace": ("convlab.dispatch", "the ATen ops (and backend) of a conv layer's forward+backward"),
-    "bench": ("convlab.bench", "time every path side by side (interleaved rounds, A/A band)"),
+    "doctor": (
+        "convlab.lab.doctor", "environment, backends, a quick correctness check of every path"
+    ),
+    "trace": (
+        "convlab.aten.dispatch", "the ATen ops (and backend) of a conv layer's forward+backward"
+    ),
+    "bench": ("convlab.lab.bench", "time every path side by side (interleaved rounds, A/A band)"),
 }
 INTERRUPTED = 130
 
@@ -64,7 +68,7 @@ def int_arg(text: str) -> int:
 
 def bench_parser() -> argparse.ArgumentParser:
     """The options of ``convlab bench``."""
-    from convlab import bench
+    from convlab.lab import bench
 
     parser = argparse.ArgumentParser(
         prog="convlab bench",
@@ -112,7 +116,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
     """``convlab bench``: check the options, run, print tables and ratios, write files."""
     import torch
 
-    from convlab import bench
+    from convlab.lab import bench
 
     parser = bench_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
@@ -163,7 +167,7 @@ def bench_main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_report(report: object, rounds: int, min_run_time: float, seconds: float) -> None:
-    from convlab import bench
+    from convlab.lab import bench
 
     meta = report.meta  # type: ignore[attr-defined]
     results = report.results  # type: ignore[attr-defined]

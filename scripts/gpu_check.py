@@ -259,11 +259,11 @@ def run_cuda_tests(timeout: float, root: Path = ROOT) -> tuple[Result, list[str]
 
 def backend_report(device: str) -> list[str]:
     """Which backend ATen selects on ``device`` for every benchmark layer of
-    :data:`convlab.paths.SUITE` (float32, plus float16 and float64 for the first), and
+    :data:`convlab.lab.paths.SUITE` (float32, plus float16 and float64 for the first), and
     what each forced path of the registry gets."""
     import torch
 
-    from convlab import paths
+    from convlab.lab import paths
 
     dev = torch.device(device)
     cudnn = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None

@@ -1,4 +1,4 @@
-"""convlab.backends against ATen: backend names, selection, forcing (also from threads)."""
+"""convlab.aten.backends against ATen: backend names, selection, forcing (also from threads)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from backend_cases import CPU_BACKEND_CASES, flags_now
 from backend_cases import make_case as _case
 
-from convlab import backends, native
-from convlab.backends import (
+from convlab.aten import backends, native
+from convlab.aten.backends import (
     CONV_BACKENDS,
     BackendMismatch,
     available_backends,
@@ -263,7 +263,7 @@ def test_use_backend_needs_both_tensors() -> None:
 
 
 def test_re_exported_from_native() -> None:
-    # Notebooks import these from convlab.native.
+    # Notebooks import these from convlab.aten.native.
     for name in ("select_backend", "use_backend", "available_backends", "backend_name",
                  "backend_memory_format", "CONV_BACKENDS", "BACKEND_CHOICES", "BackendMismatch"):
         assert getattr(native, name) is getattr(backends, name)

@@ -1,4 +1,4 @@
-"""convlab.bench and the `convlab bench` command: bookkeeping around the timings.
+"""convlab.lab.bench and the `convlab bench` command: bookkeeping around the timings.
 
 No timing assertions: tiny layers, one or two short rounds, and checks of what is
 recorded (spreads, ratios, A/A pairs, files, errors), never of how fast anything is.
@@ -14,9 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from convlab import bench, cli
-from convlab.bench import Layer, Result
-from convlab.timing import Timing
+from convlab import cli
+from convlab.lab import bench
+from convlab.lab.bench import Layer, Result
+from convlab.lab.timing import Timing
 
 TINY = Layer("tiny", (2, 3, 9, 8), (4, 3, 3, 3), stride=2, padding=1)
 TINY_T = Layer("tiny_t", (2, 4, 5, 5), (4, 3, 3, 3), stride=2, padding=1, transposed=True,

@@ -108,7 +108,7 @@ def test_outputs_are_portable(path: Path) -> None:
 def test_notebook_uses_the_shared_setup(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)
     sources = "\n".join(c.source for c in code_cells(nb)[:3])
-    assert "setup(" in sources, "call convlab.notebook.setup() in the first cells"
+    assert "setup(" in sources, "call convlab.lab.notebook.setup() in the first cells"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -1,4 +1,4 @@
-"""convlab.buffers.check_out_buffers: every real overlap and unsafe resize is refused."""
+"""convlab.aten.buffers.check_out_buffers: every real overlap and unsafe resize is refused."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convlab.buffers import check_out_buffers
+from convlab.aten.buffers import check_out_buffers
 
 
 def _addresses(t: torch.Tensor) -> set[int]:

@@ -1,4 +1,4 @@
-"""convlab.derivatives against the installed torch: entries, schemas, names, errors."""
+"""convlab.aten.derivatives against the installed torch: entries, schemas, names, errors."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convlab import derivatives as d
+from convlab.aten import derivatives as d
 
 CONV_ENTRIES = {
     # name: (inputs with a backward formula, the callee they use, forward-mode callee)

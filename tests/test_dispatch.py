@@ -1,14 +1,13 @@
-"""convlab.dispatch: the op recorder, the profiler tree and the `convlab trace` command."""
+"""convlab.aten.dispatch: the op recorder, the profiler tree and the `convlab trace` command."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from convlab import dispatch
-from convlab.backends import available_backends, select_backend
-from convlab.cli import main as cli_main
-from convlab.dispatch import (
+from convlab.aten import dispatch
+from convlab.aten.backends import available_backends, select_backend
+from convlab.aten.dispatch import (
     OpRecorder,
     format_rows,
     format_tree,
@@ -17,6 +16,7 @@ from convlab.dispatch import (
     profile_op_tree,
     trace_conv,
 )
+from convlab.cli import main as cli_main
 
 
 @pytest.fixture(autouse=True)

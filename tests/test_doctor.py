@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convlab import doctor, numpy_ref, paths, reference, thnn
+from convlab.lab import doctor, paths
+from convlab.scratch import numpy_ref, reference, thnn
 
 CPU = torch.device("cpu")
 
@@ -140,7 +141,7 @@ def test_not_applicable_cases_are_skipped_not_failed() -> None:
 
 
 def test_extension_not_built_is_reported(monkeypatch, tmp_path) -> None:
-    from convlab import extension
+    from convlab.aten import extension
 
     monkeypatch.setattr(extension, "build_directory", lambda: tmp_path / "none")
     ext, status = doctor.extension_status(build=False)

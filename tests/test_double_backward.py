@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from test_reference import GRID, TIGHT, Case, cases
 
 from convlab import autograd as cla
-from convlab import reference
+from convlab.scratch import reference
 
 aten = torch.ops.aten
 PRESENCE = list(itertools.product([False, True], repeat=3))  # which of ggI, ggW, ggb exist

@@ -1,7 +1,7 @@
-"""The C++ extension (convlab.extension) against ATen and convlab.reference.
+"""The C++ extension (convlab.aten.extension) against ATen and convlab.scratch.reference.
 
 The extension calls the same ATen kernels as ``torch.ops.aten``, so the comparison with
-the aten twin is exact; the comparison with convlab.reference (an independent
+the aten twin is exact; the comparison with convlab.scratch.reference (an independent
 implementation) uses a tight float64 tolerance.
 """
 
@@ -18,8 +18,9 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convlab import extension, reference
-from convlab.params import ConvParams
+from convlab.aten import extension
+from convlab.scratch import reference
+from convlab.scratch.params import ConvParams
 
 F64 = torch.float64
 MASKS = [list(m) for m in itertools.product([True, False], repeat=3)]

@@ -111,7 +111,7 @@ def test_missing_imports_of_this_checkout_are_only_optional_ones() -> None:
 
 
 def test_backend_report_covers_the_registry() -> None:
-    from convlab import paths
+    from convlab.lab import paths
 
     lines = gpu_check.backend_report("cpu")
     for layer in paths.SUITE:

@@ -1,4 +1,4 @@
-"""convlab.im2col: the column layout, its adjoint, and agreement with F.unfold / F.fold."""
+"""convlab.scratch.im2col: the column layout, its adjoint, and agreement with F.unfold / F.fold."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from convlab.im2col import col2im, im2col
+from convlab.scratch.im2col import col2im, im2col
 
 DT = torch.float64
 

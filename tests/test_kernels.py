@@ -1,4 +1,4 @@
-"""convlab.kernels: each CPU backend's backward enters its expected C++ kernel (under gdb)."""
+"""convlab.aten.kernels: each CPU backend's backward enters its expected C++ kernel (under gdb)."""
 
 from __future__ import annotations
 
@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from convlab import kernels
-from convlab.kernels import (
+from convlab.aten import kernels
+from convlab.aten.kernels import (
     CPU_CASES,
     EXPECTED_CPU_KERNEL,
     ConvCase,
     KernelTrace,
     trace_kernels,
 )
-from convlab.native import available_backends
+from convlab.aten.native import available_backends
 
 needs_gdb = pytest.mark.skipif(
     shutil.which("gdb") is None and shutil.which("cuda-gdb") is None,

@@ -1,4 +1,6 @@
-"""convlab.native against ATen and convlab.reference: convolution_backward and torch.nn.grad.
+"""convlab.aten.native against ATen and convlab.scratch.reference.
+
+convolution_backward and torch.nn.grad.
 
 Properties over grids and hypothesis (float64, tight tolerances), the one bias_sizes rule,
 layouts (the slow kernels' channels-last bug), empty batches and threads.
@@ -18,9 +20,9 @@ from backend_cases import make_case as _case
 from hypothesis import given
 from hypothesis import strategies as st
 
-import convlab.reference as ref
-from convlab import native, numpy_ref
-from convlab.native import (
+import convlab.scratch.reference as ref
+from convlab.aten import native
+from convlab.aten.native import (
     available_backends,
     conv_input,
     conv_weight,
@@ -28,7 +30,8 @@ from convlab.native import (
     select_backend,
     use_backend,
 )
-from convlab.params import ConvParams
+from convlab.scratch import numpy_ref
+from convlab.scratch.params import ConvParams
 
 F64 = torch.float64
 ALL_MASK = [True, True, True]

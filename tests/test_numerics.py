@@ -1,4 +1,4 @@
-"""convlab.numerics: ULPs, relative errors and the float64 oracle comparison.
+"""convlab.lab.numerics: ULPs, relative errors and the float64 oracle comparison.
 
 These test the machinery, not the machine: no assertion depends on which backend this CPU
 picks, its thread count or the size of its rounding errors in low precision.
@@ -11,7 +11,7 @@ import math
 import pytest
 import torch
 
-from convlab import numerics
+from convlab.lab import numerics
 
 LOW = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -137,7 +137,7 @@ def test_backward_error_slow_backend_and_mask() -> None:
 
 
 def test_backward_error_detects_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    from convlab import native
+    from convlab.aten import native
 
     real = native.convolution_backward
 

@@ -1,4 +1,4 @@
-"""convlab.numpy_ref against torch.ops.aten (float64): loops, im2col/col2im, GEMM paths."""
+"""convlab.scratch.numpy_ref against torch.ops.aten (float64): loops, im2col/col2im, GEMM paths."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convlab import numpy_ref as R
+from convlab.scratch import numpy_ref as R
 
 aten = torch.ops.aten
 TOL = {"rtol": 1e-10, "atol": 1e-10}

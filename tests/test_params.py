@@ -12,7 +12,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convlab.params import ConvParams, normalize
+from convlab.scratch.params import ConvParams, normalize
 
 aten = torch.ops.aten
 

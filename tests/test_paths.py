@@ -1,4 +1,4 @@
-"""convlab.paths: the one registry of layers and paths that bench, doctor and gpu_check use."""
+"""convlab.lab.paths: the one registry of layers and paths that bench, doctor and gpu_check use."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from torch.utils.flop_counter import FlopCounterMode
 
-from convlab import paths
-from convlab.paths import CASES, PASSES, PATHS, SUITE, Layer, NotApplicable, flops, min_bytes
+from convlab.lab import paths
+from convlab.lab.paths import CASES, PASSES, PATHS, SUITE, Layer, NotApplicable, flops, min_bytes
 
 CPU = torch.device("cpu")
 

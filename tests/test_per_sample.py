@@ -10,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.func import grad, vmap
 
-from convlab.per_sample import METHODS, per_sample_bias_grad, per_sample_weight_grad
+from convlab.scratch.per_sample import METHODS, per_sample_bias_grad, per_sample_weight_grad
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 

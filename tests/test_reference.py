@@ -1,4 +1,4 @@
-"""convlab.reference (forward and backward) against its torch.ops.aten twins.
+"""convlab.scratch.reference (forward and backward) against its torch.ops.aten twins.
 
 Everything is compared in float64 with tight tolerances over a parameter grid and hypothesis
 configurations; the low-precision dtypes get a looser bound with its reason next to it.
@@ -17,8 +17,8 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from convlab import reference
-from convlab.params import ConvParams
+from convlab.scratch import reference
+from convlab.scratch.params import ConvParams
 
 aten = torch.ops.aten
 MASKS = [list(m) for m in itertools.product([False, True], repeat=3)]

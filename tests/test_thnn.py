@@ -1,4 +1,4 @@
-"""convlab.thnn against ATen's slow 2-d path (float64), plus the explicit-buffer contract."""
+"""convlab.scratch.thnn against ATen's slow 2-d path (float64), and the explicit-buffer contract."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from torch.profiler import ProfilerActivity, profile
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from convlab import thnn
+from convlab.scratch import thnn
 
 aten = torch.ops.aten
 TOL = {"rtol": 1e-10, "atol": 1e-10}

@@ -1,10 +1,10 @@
-"""convlab.timing: the interleaved method's bookkeeping (never its numbers)."""
+"""convlab.lab.timing: the interleaved method's bookkeeping (never its numbers)."""
 
 from __future__ import annotations
 
 import pytest
 
-from convlab.timing import Timing, differs, interleaved, noise_band
+from convlab.lab.timing import Timing, differs, interleaved, noise_band
 
 
 def test_rounds_interleave_and_count_calls():
@@ -55,7 +55,7 @@ def test_around_holds_a_context_per_candidate():
 
 
 def test_ratio_is_per_round():
-    from convlab.timing import ratio
+    from convlab.lab.timing import ratio
 
     x = Timing("x", (2.0, 4.0, 6.0), 1)
     y = Timing("y", (1.0, 4.0, 2.0), 1)
@@ -69,7 +69,7 @@ def test_blas_threads_reports_what_it_limited():
     pytest.importorskip("threadpoolctl")
     from threadpoolctl import threadpool_info
 
-    from convlab.timing import blas_threads
+    from convlab.lab.timing import blas_threads
 
     before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
     with blas_threads(1) as text:

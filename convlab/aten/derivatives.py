@@ -4,7 +4,7 @@ PyTorch ships both codegen inputs inside its wheel (under ``torchgen/packaged/``
 autograd formula of an op and its native schema can be read from the torch you run, not
 from a copy of the source that may have drifted:
 
->>> from convlab import derivatives
+>>> from convlab.aten import derivatives
 >>> derivatives.entry("convolution").callees("weight")
 ('convolution_backward_symint',)
 >>> derivatives.schema("convolution_backward").dispatch["CUDA"]

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Sequence
 
 import torch
 
-from convlab.params import (
+from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
     check_output_mask,

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 
 import torch
 
-from convlab.params import ConvParams, IntOrSeq, check_tensor
+from convlab.scratch.params import ConvParams, IntOrSeq, check_tensor
 
 # ATen's ``enum class ConvBackend`` (aten/src/ATen/native/ConvUtils.h), in declaration order,
 # so that index == enum value. The Python binding ``torch._C._ConvBackend`` cannot be trusted

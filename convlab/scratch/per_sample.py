@@ -24,8 +24,8 @@ from collections.abc import Sequence
 
 import torch
 
-from convlab.im2col import im2col
-from convlab.params import ConvParams, IntOrSeq, check_same, check_tensor
+from convlab.scratch.im2col import im2col
+from convlab.scratch.params import ConvParams, IntOrSeq, check_same, check_tensor
 
 __all__ = ["METHODS", "per_sample_bias_grad", "per_sample_weight_grad"]
 

@@ -4,7 +4,7 @@
 * :func:`ulp_error`: element-wise error of a result in ULPs of its dtype;
 * :func:`relative_error`: one normwise or max-norm relative error of a whole tensor;
 * :func:`backward_error`: ``aten::convolution_backward`` in a chosen dtype (and backend)
-  against :func:`convlab.reference.convolution_backward` in float64 on the same, rounded
+  against :func:`convlab.scratch.reference.convolution_backward` in float64 on the same, rounded
   inputs;
 * :func:`doctor_lines`: a few one-line summaries of :func:`backward_error` for
   ``convlab doctor``.
@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
-from convlab import native, reference
-from convlab.params import IntOrSeq, check_output_mask, check_tensor
+from convlab.aten import native
+from convlab.scratch import reference
+from convlab.scratch.params import IntOrSeq, check_output_mask, check_tensor
 
 FLOAT_DTYPES: tuple[torch.dtype, ...] = (
     torch.float16,
@@ -211,8 +212,8 @@ def backward_error(
     Shapes: grad_output ``[N, C_out, *out]``, input ``[N, C_in, *in]``, weight
     ``[C_out, C_in/groups, *k]`` (any float dtype; they are rounded to ``dtype`` first).
     The native backward runs on the rounded tensors in ``dtype``, under ``backend`` (a
-    :func:`convlab.native.use_backend` name, or None for the current flags); the oracle
-    is :func:`convlab.reference.convolution_backward` in float64 on the same rounded
+    :func:`convlab.aten.native.use_backend` name, or None for the current flags); the oracle
+    is :func:`convlab.scratch.reference.convolution_backward` in float64 on the same rounded
     values. The bias gradient is that of a conv with a bias of ``C_out`` entries.
 
     Returns:

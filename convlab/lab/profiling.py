@@ -3,14 +3,14 @@
 * :func:`measure_memory`: extra bytes one call needs above what was live before it,
   outputs included, as :func:`alloc_peak` (torch's allocator plus tracemalloc on CPU,
   ``torch.cuda.max_memory_allocated`` on CUDA) and :func:`rss_peak` (the rise of the
-  process's resident-set high-water mark, Linux CPU only); see :mod:`convlab.bench` for
+  process's resident-set high-water mark, Linux CPU only); see :mod:`convlab.lab.bench` for
   what each sees;
 * :func:`profile_ops`: the ``torch.profiler`` self-time breakdown of one call;
 * :func:`onednn_trace`: the oneDNN primitives one call executes, from its verbose log;
 * :func:`redirect_fd`: send what C code writes to stdout or stderr elsewhere (kineto and
   oneDNN print from C, past ``sys.stdout``).
 
-:mod:`convlab.bench` uses these for its memory columns and re-exports the public ones.
+:mod:`convlab.lab.bench` uses these for its memory columns and re-exports the public ones.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def _flush_c_streams() -> None:
 
 
 def alloc_peak(fn: Callable[[], object], device: torch.device) -> float:
-    """Peak bytes allocated by one call of ``fn`` above the start (see :mod:`convlab.bench`)."""
+    """Peak bytes allocated by one call of ``fn`` above the start (see :mod:`convlab.lab.bench`)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         start = torch.cuda.memory_allocated(device)

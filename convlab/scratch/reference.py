@@ -4,7 +4,7 @@ Each function has the signature, argument order and return tuple of its ``torch.
 twin (``convolution``, ``convolution_backward``, ``_convolution_double_backward``), works for
 1-d, 2-d and 3-d convolutions with stride, padding, dilation, groups, ``transposed`` and
 ``output_padding``, and never calls a native convolution kernel: everything is an N-d
-im2col (:func:`convlab.im2col.im2col`), one batched GEMM over the groups, and an N-d
+im2col (:func:`convlab.scratch.im2col.im2col`), one batched GEMM over the groups, and an N-d
 col2im.
 
 Three GEMMs make a convolution. With columns ``X = im2col(x)`` ``[G, C/G*k, N*L]`` (one
@@ -44,8 +44,8 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from convlab.im2col import col2im, im2col, tap_windows
-from convlab.params import (
+from convlab.scratch.im2col import col2im, im2col, tap_windows
+from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
     check_bias_sizes,

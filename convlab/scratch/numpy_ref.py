@@ -12,7 +12,7 @@ dilation and groups, for a normal (not transposed) convolution:
 Arrays follow ATen's layout: input ``[N, C_in, *spatial]``, weight
 ``[C_out, C_in / groups, *kernel]``, bias ``[C_out]``. Argument order mirrors
 ``aten::convolution`` and ``aten::convolution_backward`` without ``transposed`` and
-``output_padding``. No torch inside: :class:`~convlab.params.ConvParams` only validates
+``output_padding``. No torch inside: :class:`~convlab.scratch.params.ConvParams` only validates
 shapes and arguments.
 """
 
@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from convlab.params import (
+from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
     check_bias_sizes,
@@ -282,8 +282,8 @@ def im2col(
 
     Row ``c*prod(kernel) + flat(k)`` holds channel ``c`` at kernel offset ``k``, column
     ``flat(p)`` the patch of output position ``p``: the per-sample layout of
-    ``torch.nn.functional.unfold`` and of THNN's ``finput`` (:func:`convlab.thnn.im2col_`).
-    :func:`convlab.im2col.im2col` instead folds the batch into the columns and splits the
+    ``torch.nn.functional.unfold`` and of THNN's ``finput`` (:func:`convlab.scratch.thnn.im2col_`).
+    :func:`convlab.scratch.im2col.im2col` instead folds the batch into the columns and splits the
     groups. Built as one strided view of the padded input, then copied once.
 
     >>> im2col(np.arange(9.0).reshape(1, 1, 3, 3), 2)[0]

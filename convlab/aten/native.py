@@ -1,13 +1,13 @@
 """PyTorch's own convolution backward, called from Python.
 
 * :func:`convolution_backward`: ``aten::convolution_backward``, optionally under a forced
-  backend (:func:`convlab.backends.use_backend`);
+  backend (:func:`convlab.aten.backends.use_backend`);
 * :func:`conv_input`, :func:`conv_weight`: the ``torch.nn.grad.conv{1,2,3}d_{input,weight}``
   functions with the dimension taken from the tensors (``conv2d_input``/``conv2d_weight``
   are kept as names for the 2-d case).
 
-Backend selection and forcing live in :mod:`convlab.backends`; their names are re-exported
-here (``convlab.native.select_backend`` and so on).
+Backend selection and forcing live in :mod:`convlab.aten.backends`; their names are re-exported
+here (``convlab.aten.native.select_backend`` and so on).
 """
 
 from __future__ import annotations
@@ -16,17 +16,17 @@ from collections.abc import Sequence
 
 import torch
 
-# Re-exported: notebooks and scripts import these from convlab.native.
-from convlab.backends import BACKEND_CHOICES as BACKEND_CHOICES
-from convlab.backends import CONV_BACKENDS as CONV_BACKENDS
-from convlab.backends import SLOW_BACKENDS as SLOW_BACKENDS
-from convlab.backends import BackendMismatch as BackendMismatch
-from convlab.backends import available_backends as available_backends
-from convlab.backends import backend_memory_format as backend_memory_format
-from convlab.backends import backend_name as backend_name
-from convlab.backends import select_backend as select_backend
-from convlab.backends import use_backend as use_backend
-from convlab.params import (
+# Re-exported: notebooks and scripts import these from convlab.aten.native.
+from convlab.aten.backends import BACKEND_CHOICES as BACKEND_CHOICES
+from convlab.aten.backends import CONV_BACKENDS as CONV_BACKENDS
+from convlab.aten.backends import SLOW_BACKENDS as SLOW_BACKENDS
+from convlab.aten.backends import BackendMismatch as BackendMismatch
+from convlab.aten.backends import available_backends as available_backends
+from convlab.aten.backends import backend_memory_format as backend_memory_format
+from convlab.aten.backends import backend_name as backend_name
+from convlab.aten.backends import select_backend as select_backend
+from convlab.aten.backends import use_backend as use_backend
+from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
     check_bias_sizes,
@@ -34,7 +34,7 @@ from convlab.params import (
     check_tensor,
 )
 
-__all__ = [  # the re-exports too, so that convlab.native.use_backend etc. stay documented
+__all__ = [  # the re-exports too, so that convlab.aten.native.use_backend etc. stay documented
     "BACKEND_CHOICES",
     "CONV_BACKENDS",
     "SLOW_BACKENDS",
@@ -59,7 +59,7 @@ Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 def aten_bias_sizes(
     bias_sizes: object, out_channels: int, output_mask: Sequence[bool]
 ) -> list[int] | None:
-    """Validate ``bias_sizes`` (:func:`convlab.params.check_bias_sizes`) and return what to
+    """Validate ``bias_sizes`` (:func:`convlab.scratch.params.check_bias_sizes`) and return what to
     pass to ATen.
 
     When the bias gradient is wanted this is ``[out_channels]``: ATen's empty-batch branch
@@ -83,7 +83,7 @@ def backward_params(
 ) -> ConvParams:
     """Validate the tensors and hyper-parameters of a ``convolution_backward`` call.
 
-    Checks what :meth:`convlab.params.ConvParams.for_tensors` checks, ``grad_output``
+    Checks what :meth:`convlab.scratch.params.ConvParams.for_tensors` checks, ``grad_output``
     against the forward output's shape, dtype and device, and that ``output_padding`` is
     zero unless ``transposed`` (ATen rejects it there too, with a RuntimeError).
     """
@@ -157,8 +157,8 @@ def convolution_backward(
     Shapes: ``grad_output`` is the forward output's shape ``[N, C_out, *out]``; returns
     ``(grad_input [N, C_in, *in], grad_weight like weight, grad_bias [C_out])`` with ``None``
     where ``output_mask`` is False. ``bias_sizes`` is ``None``, ``[C_out]`` or ``[0]``
-    (:func:`convlab.params.check_bias_sizes`). ``backend`` is a
-    :func:`convlab.backends.use_backend` name (checked against ATen's selection) or
+    (:func:`convlab.scratch.params.check_bias_sizes`). ``backend`` is a
+    :func:`convlab.aten.backends.use_backend` name (checked against ATen's selection) or
     ``None`` for the current flags.
 
     Differences from calling ATen directly, each to avoid a wrong or fatal result:

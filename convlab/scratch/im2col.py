@@ -4,10 +4,10 @@
 rows are (input channel, kernel offset) pairs, columns are (sample, output position) pairs,
 ``L = prod(out_size)``. That is ``torch.nn.functional.unfold``'s per-sample
 ``[C * prod(kernel), L]`` with the batch folded into the columns and the channels split by
-group. (Two other layouts in convlab: :func:`convlab.numpy_ref.im2col` returns unfold's
-``[N, C * prod(kernel), L]``, and :func:`convlab.thnn.im2col_` writes that same layout into
+group. (Two other layouts in convlab: :func:`convlab.scratch.numpy_ref.im2col` returns unfold's
+``[N, C * prod(kernel), L]``, and :func:`convlab.scratch.thnn.im2col_` writes that same layout into
 THNN's ``finput`` buffer.) With all samples of a batch (or of a chunk of it, see
-:mod:`convlab.reference`) in one matrix, a convolution's forward, grad_input and
+:mod:`convlab.scratch.reference`) in one matrix, a convolution's forward, grad_input and
 grad_weight are each a single batched GEMM over the groups.
 
 ``im2col`` is a chain of views (pad, one ``unfold`` per spatial dimension, a strided slice

@@ -1,9 +1,9 @@
 """A small C++ extension that calls ATen's convolution backward from C++.
 
-:func:`load` compiles ``convlab/csrc/convlab_ext.cpp`` on first use with
+:func:`load` compiles ``convlab/aten/csrc/convlab_ext.cpp`` on first use with
 ``torch.utils.cpp_extension.load`` (ninja), caches the build in ``TORCH_EXTENSIONS_DIR``
 (default: torch's own cache folder) and returns a :class:`NativeExtension` whose methods
-validate their arguments with :class:`~convlab.params.ConvParams`, then call the C++ ops
+validate their arguments with :class:`~convlab.scratch.params.ConvParams`, then call the C++ ops
 ``torch.ops.convlab_ext.convolution_backward`` and
 ``torch.ops.convlab_ext.slow_conv2d_backward_out``.
 
@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from convlab.buffers import check_out_buffers
-from convlab.native import aten_bias_sizes, backward_params
-from convlab.params import (
+from convlab.aten.buffers import check_out_buffers
+from convlab.aten.native import aten_bias_sizes, backward_params
+from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
     check_output_mask,
@@ -79,9 +79,9 @@ class NativeExtension:
         Shapes: ``grad_output`` is the forward output's shape, ``input`` ``[N, C_in, *S]``,
         ``weight`` ``[C_out, C_in/groups, *K]`` (``[C_in, C_out/groups, *K]`` transposed).
         ``bias_sizes`` is ``None``, ``[C_out]`` or ``[0]`` (no bias), checked by
-        :func:`convlab.params.check_bias_sizes`. Returns ``(grad_input, grad_weight,
+        :func:`convlab.scratch.params.check_bias_sizes`. Returns ``(grad_input, grad_weight,
         grad_bias)``, ``None`` where ``output_mask`` is off; ``grad_bias`` is ``[C_out]``
-        (see :func:`convlab.native.aten_bias_sizes`: ATen aborts the process on ``None``
+        (see :func:`convlab.aten.native.aten_bias_sizes`: ATen aborts the process on ``None``
         with an empty batch).
 
         >>> ext.convolution_backward(go, x, w, None, 1, 0, 1, False, 0, 1,
@@ -113,7 +113,7 @@ class NativeExtension:
         The three buffers are written in place and resized only when their shape is wrong
         (``torch.empty(0)`` is fine), so a buffer that is already the right size keeps its
         storage. A buffer may not overlap an input or another buffer, and one of the wrong
-        shape may not be a view (:func:`convlab.buffers.check_out_buffers`); do not share
+        shape may not be a view (:func:`convlab.aten.buffers.check_out_buffers`); do not share
         buffers between threads. No dilation or groups: this is ATen's THNN-style im2col
         kernel.
         Shapes: ``input`` ``[N, C_in, H, W]``, ``weight`` ``[C_out, C_in, kH, kW]``,

@@ -4,7 +4,7 @@ Two views of the same call:
 
 * :class:`OpRecorder`, a ``TorchDispatchMode``: every ATen op that reaches the Python
   dispatcher, with its tensor shapes and, for convolution ops, the backend
-  :func:`convlab.backends.select_backend` names. It sees ``aten::convolution`` and
+  :func:`convlab.aten.backends.select_backend` names. It sees ``aten::convolution`` and
   ``aten::convolution_backward`` but not what runs below them (``_convolution``,
   ``mkldnn_convolution``, ...), because those calls happen inside C++ kernels.
 * :func:`profile_op_tree`, built on ``torch.profiler``: the nested op names, down to the
@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from convlab.backends import BACKEND_CHOICES, select_backend, use_backend
-from convlab.params import ConvParams, IntOrSeq
-from convlab.profiling import redirect_fd
+from convlab.aten.backends import BACKEND_CHOICES, select_backend, use_backend
+from convlab.lab.profiling import redirect_fd
+from convlab.scratch.params import ConvParams, IntOrSeq
 
 # Ops whose arguments start like aten::convolution's: (input, weight, bias, stride, padding,
 # dilation, transposed, output_padding, groups, ...).
@@ -353,7 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="also print the profiler's nested op names")
     ap.add_argument("--kernels", action="store_true",
                     help="trace the C++ functions the backward ran, under gdb "
-                    "(convlab.kernels)")
+                    "(convlab.aten.kernels)")
     return ap
 
 
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     """``convlab trace [options]``: print the op trace of one conv's forward and backward."""
     args = build_parser().parse_args(argv)
     if args.kernels:
-        from convlab.kernels import main_from_args
+        from convlab.aten.kernels import main_from_args
 
         return main_from_args(args)
     try:

@@ -1,7 +1,7 @@
 """Benchmarks: every convolution path side by side (``convlab bench``).
 
-Layers and paths come from :mod:`convlab.paths`; for each layer every (path, pass) that
-applies is timed in one :func:`convlab.timing.interleaved` run (rounds of
+Layers and paths come from :mod:`convlab.lab.paths`; for each layer every (path, pass) that
+applies is timed in one :func:`convlab.lab.timing.interleaved` run (rounds of
 ``blocked_autorange`` that alternate between the candidates), so the ratios between paths
 of a layer are per-round ratios of calls that ran side by side.
 
@@ -11,10 +11,10 @@ ATen picks oneDNN, ``slow`` when it picks an im2col kernel). The two run the sam
 so their gap is the run's noise band; a difference between paths means something only
 outside it. NumPy's BLAS gets the same thread count as torch (``threadpoolctl``).
 
-Columns besides the time: GFLOP/s (``convlab.paths.FLOP_FORMULA``), GB/s against the
-bytes a pass must move (:func:`convlab.paths.min_bytes`, the honest yardstick of thin
+Columns besides the time: GFLOP/s (``convlab.lab.paths.FLOP_FORMULA``), GB/s against the
+bytes a pass must move (:func:`convlab.lab.paths.min_bytes`, the honest yardstick of thin
 layers such as depthwise), the ratio to the fastest native path and to a square GEMM of
-equal FLOPs, and two memory measures (:mod:`convlab.profiling`):
+equal FLOPs, and two memory measures (:mod:`convlab.lab.profiling`):
 
 * ``mem_alloc_mb``: the peak of torch's allocator above the start during one call (CPU:
   ``torch.profiler`` with ``profile_memory`` plus tracemalloc for NumPy; memory a library
@@ -43,8 +43,8 @@ from pathlib import Path as FilePath
 import numpy as np
 import torch
 
-from convlab import paths as registry
-from convlab.paths import (  # noqa: F401 - the public names bench has always had
+from convlab.lab import paths as registry
+from convlab.lab.paths import (  # noqa: F401 - the public names bench has always had
     FLOP_FORMULA,
     PASSES,
     QUICK_LAYERS,
@@ -56,7 +56,7 @@ from convlab.paths import (  # noqa: F401 - the public names bench has always ha
     min_bytes,
     suite_layers,
 )
-from convlab.profiling import (  # noqa: F401 - notebooks use these as bench.*
+from convlab.lab.profiling import (  # noqa: F401 - notebooks use these as bench.*
     OneDNNCall,
     OpTime,
     alloc_peak,
@@ -65,7 +65,7 @@ from convlab.profiling import (  # noqa: F401 - notebooks use these as bench.*
     profile_ops,
     rss_peak,
 )
-from convlab.timing import Ratio, Timing, blas_threads, interleaved, noise_band, ratio
+from convlab.lab.timing import Ratio, Timing, blas_threads, interleaved, noise_band, ratio
 
 PATHS: tuple[str, ...] = registry.PATH_NAMES
 NATIVE_PATHS: tuple[str, ...] = tuple(p.name for p in registry.PATHS if p.is_aten)
@@ -314,10 +314,10 @@ def benchmark(
 ) -> Report:
     """Time ``paths`` x ``passes`` on ``layers``, layer by layer; return a :class:`Report`.
 
-    ``layers``: suite names or :class:`~convlab.paths.Layer` objects (default: the suite);
+    ``layers``: suite names or :class:`~convlab.lab.paths.Layer` objects (default: the suite);
     ``paths``/``passes``: subsets of ``PATHS``/``PASSES`` (``native`` brings its
     A/A twin); ``device`` defaults to CUDA when available; ``threads`` to torch's current
-    count (NumPy's BLAS gets the same). Each layer is one :func:`convlab.timing.interleaved`
+    count (NumPy's BLAS gets the same). Each layer is one :func:`convlab.lab.timing.interleaved`
     run of ``rounds`` x ``blocked_autorange(min_run_time)``. ``memory=False`` skips the
     memory measurements, ``gemm=False`` the GEMM yardstick. Results are appended to
     ``report`` as each layer finishes, so an interrupted run keeps what it finished.
@@ -442,7 +442,7 @@ def aa_pair(rows: Sequence[Result]) -> tuple[Result, Result] | None:
 
 def aa_band(rows: Sequence[Result]) -> float:
     """Noise band of one (layer, pass): the relative gap between the medians of its A/A pair
-    (:func:`convlab.timing.noise_band`; NaN when the pair did not run)."""
+    (:func:`convlab.lab.timing.noise_band`; NaN when the pair did not run)."""
     pair = aa_pair(rows)
     if pair is None:
         return math.nan

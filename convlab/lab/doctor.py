@@ -1,15 +1,15 @@
 """``convlab doctor``: the environment, the backends, and a quick check of every path.
 
 It prints versions (torch, CUDA, cuDNN, oneDNN), thread counts, the backends
-:func:`convlab.native.use_backend` can force here, which ATen backend each benchmark layer
-(``convlab.paths.SUITE``) selects, the accuracy of the default backend per dtype (when
-:mod:`convlab.numerics` is present), and then checks every path of
-``convlab.paths.PATHS`` on the small layers ``convlab.paths.CASES``, in float64
+:func:`convlab.aten.native.use_backend` can force here, which ATen backend each benchmark layer
+(``convlab.lab.paths.SUITE``) selects, the accuracy of the default backend per dtype (when
+:mod:`convlab.lab.numerics` is present), and then checks every path of
+``convlab.lab.paths.PATHS`` on the small layers ``convlab.lab.paths.CASES``, in float64
 where the path has float64 kernels:
 
 * convlab's own paths (reference, thnn, numpy_ref, the C++ extension) against ATen
   (``torch.ops.aten.convolution`` / ``convolution_backward``, default flags, CPU);
-* ATen's paths (native and every forcible backend) against :mod:`convlab.reference`, an
+* ATen's paths (native and every forcible backend) against :mod:`convlab.scratch.reference`, an
   independent implementation, so that a forced ATen backend is never compared with itself.
 
 The exit status is 1 when any path disagrees or fails, 2 for a bad argument.
@@ -30,8 +30,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from convlab import bench, native, paths, reference
-from convlab.paths import CASES, Layer, NotApplicable
+from convlab.aten import native
+from convlab.lab import bench, paths
+from convlab.lab.paths import CASES, Layer, NotApplicable
+from convlab.scratch import reference
 
 # float64 paths must agree to rounding; the bound is relative to the largest expected value.
 TOL64 = 1e-10
@@ -81,7 +83,7 @@ def aten_expected(case: Layer) -> tuple[torch.Tensor, Grads]:
 
 
 def reference_expected(case: Layer) -> tuple[torch.Tensor, Grads]:
-    """:mod:`convlab.reference` in float64: the independent truth ATen's paths are held to."""
+    """`convlab.scratch.reference` in float64: the truth ATen's paths are held to."""
     x, w, b, go = _tensors(case, torch.device("cpu"), torch.float64)
     args = case.args()
     y = reference.convolution(x, w, b, *args)
@@ -169,9 +171,9 @@ def extension_status(build: bool) -> tuple[object | None, str]:
     15-60 s).
     """
     try:
-        from convlab import extension
+        from convlab.aten import extension
     except ImportError as err:
-        return None, f"not built: convlab.extension is not importable ({err})"
+        return None, f"not built: convlab.aten.extension is not importable ({err})"
     try:
         built = (extension.build_directory() / f"{extension.NAME}.so").exists()
         if not built and not build:
@@ -217,11 +219,11 @@ def checks(device: torch.device, build_extension: bool = False,
 
 
 def accuracy_lines() -> list[str]:
-    """Accuracy of the default backend per dtype (:func:`convlab.numerics.doctor_lines`)."""
+    """Accuracy of the default backend per dtype (:func:`convlab.lab.numerics.doctor_lines`)."""
     try:
-        from convlab import numerics
+        from convlab.lab import numerics
     except ImportError:
-        return ["convlab.numerics is not available"]
+        return ["convlab.lab.numerics is not available"]
     return numerics.doctor_lines()
 
 
@@ -274,7 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="convlab doctor",
         description="Environment, backends, the backend each benchmark layer selects, and a "
         "quick float64 check of every path (convlab's against ATen, ATen's against "
-        "convlab.reference). Exit status 1 on a mismatch, 2 on a bad argument.",
+        "convlab.scratch.reference). Exit status 1 on a mismatch, 2 on a bad argument.",
     )
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--build-extension", action="store_true",
@@ -308,7 +310,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"  {line}")
 
     print(f"\n== correctness on {len(CASES)} small cases (float64 where the path has it; "
-          "convlab's paths against ATen, ATen's against convlab.reference)")
+          "convlab's paths against ATen, ATen's against convlab.scratch.reference)")
     results, ext_status = checks(device, args.build_extension)
     for r in results:
         worst = f"{r.worst:.1e}" if r.checked else "-"

@@ -37,8 +37,9 @@ from dataclasses import dataclass
 
 import torch
 
-from convlab import native, numpy_ref, reference, thnn
-from convlab.params import ConvParams
+from convlab.aten import native
+from convlab.scratch import numpy_ref, reference, thnn
+from convlab.scratch.params import ConvParams
 
 PASSES: tuple[str, ...] = (
     "forward", "backward_input", "backward_weight", "backward", "forward_backward",
@@ -86,7 +87,7 @@ class Layer:
 
     @property
     def params(self) -> ConvParams:
-        """The validated :class:`~convlab.params.ConvParams` (``ValueError`` if invalid)."""
+        """The validated :class:`~convlab.scratch.params.ConvParams` (``ValueError`` if invalid)."""
         p = ConvParams.create(
             len(self.weight_shape) - 2, self.stride, self.padding, self.dilation,
             self.transposed, self.output_padding, self.groups,
@@ -235,7 +236,7 @@ Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 class Path:
     """One way to run a convolution and its backward.
 
-    ``force`` names the :func:`convlab.native.use_backend` backend held while the path runs
+    ``force`` names the :func:`convlab.aten.native.use_backend` backend held while the path runs
     (None: the current flags). ``float64`` says whether it serves float64.
     """
 
@@ -394,11 +395,11 @@ PATHS: tuple[Path, ...] = (
     Path("nnpack", "the same ops with NNPACK forced (forward; backward is SlowDilated2d)",
          _aten_runners, force="nnpack", float64=False),
     Path("cudnn", "the same ops with cuDNN forced", _aten_runners, force="cudnn"),
-    Path("thnn", "convlab.thnn: THNN's conv2d, the backward reading the forward's columns",
+    Path("thnn", "convlab.scratch.thnn: THNN's conv2d, the backward reading the forward's columns",
          _thnn_runners, supports=_thnn_supports),
-    Path("reference", "convlab.reference: N-d im2col + batched GEMM in torch ops",
+    Path("reference", "convlab.scratch.reference: N-d im2col + batched GEMM in torch ops",
          _reference_runners),
-    Path("numpy_ref", "convlab.numpy_ref: im2col + GEMM in NumPy", _numpy_runners,
+    Path("numpy_ref", "convlab.scratch.numpy_ref: im2col + GEMM in NumPy", _numpy_runners,
          cpu_only=True, supports=_numpy_supports),
 )
 PATH_NAMES: tuple[str, ...] = tuple(p.name for p in PATHS)

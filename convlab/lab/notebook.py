@@ -8,12 +8,14 @@ and no library warnings that would print local paths into stderr.
 from __future__ import annotations
 
 import random
+import re
 import warnings
 
 import numpy as np
 import torch
 
 THREADS = 2
+LABEL = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
 
 
 def setup(seed: int = 0, threads: int = THREADS) -> None:
@@ -75,16 +77,37 @@ class Table:
 
     ``rows`` is a sequence of rows, each a sequence of cells (converted with ``str``);
     ``headers`` names the columns. Cells given as ``code(...)`` strings are shown in
-    monospace. The plain-text form is what a terminal and nbval see, so a notebook's
-    stored output still records every cell's value.
+    monospace. ``caption`` (one line of MyST Markdown) titles the table: on the site it
+    becomes a numbered "Table N" caption, in plain text a first line. The plain-text form
+    is what a terminal and nbval see, so a notebook's stored output still records every
+    cell's value. ``label`` (with a caption) names the table for ``{numref}`label```.
 
-    >>> Table(["backend", "kernel"], [["Slow2d", "slow_conv2d"]])
+    >>> Table(["backend", "kernel"], [["Slow2d", "slow_conv2d"]], caption="One backend")
+    One backend
     backend | kernel
     ------- | -----------
     Slow2d  | slow_conv2d
     """
 
-    def __init__(self, headers: list[str], rows: list[list[object]]) -> None:
+    def __init__(
+        self,
+        headers: list[str],
+        rows: list[list[object]],
+        caption: str | None = None,
+        label: str | None = None,
+    ) -> None:
+        if caption is not None:
+            if not isinstance(caption, str):
+                raise TypeError(f"caption must be a str or None, got {type(caption).__name__}")
+            caption = caption.strip()
+            if not caption or "\n" in caption:
+                raise ValueError("caption must be one non-empty line")
+        if label is not None and (caption is None or not LABEL.fullmatch(str(label))):
+            raise ValueError(
+                "label needs a caption and must look like 'tbl-name' (letters, digits, -_)"
+            )
+        self.caption = caption
+        self.label = label
         self.headers = [str(h) for h in headers]
         self.rows = [[str(c) for c in row] for row in rows]
         for i, row in enumerate(self.rows):
@@ -100,6 +123,8 @@ class Table:
         lines.append(" | ".join("-" * w for w in widths))
         for row in self.rows:
             lines.append(" | ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)))
+        if self.caption is not None:
+            lines.insert(0, self.caption)
         return "\n".join(line.rstrip() for line in lines)
 
     def _repr_markdown_(self) -> str:
@@ -109,4 +134,9 @@ class Table:
         lines = ["| " + " | ".join(cell(h) for h in self.headers) + " |",
                  "|" + "---|" * len(self.headers)]
         lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in self.rows]
-        return "\n".join(lines)
+        if self.caption is None:
+            return "\n".join(lines)
+        # A MyST {table} directive: the site numbers it ("Table N") and shows the caption.
+        # A colon fence: a backtick fence's info string may not hold inline code.
+        name = [] if self.label is None else [f":name: {self.label}"]
+        return "\n".join([":::{table} " + self.caption, *name, *lines, ":::"])

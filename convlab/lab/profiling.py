@@ -7,8 +7,13 @@
   what each sees;
 * :func:`profile_ops`: the ``torch.profiler`` self-time breakdown of one call;
 * :func:`onednn_trace`: the oneDNN primitives one call executes, from its verbose log;
-* :func:`redirect_fd`: send what C code writes to stdout or stderr elsewhere (kineto and
-  oneDNN print from C, past ``sys.stdout``).
+* :func:`redirect_fd` (from :mod:`convlab.aten.capture`): send what C code writes to stdout
+  or stderr elsewhere (kineto and oneDNN print from C, past ``sys.stdout``).
+
+Torch's profiler, the file descriptors, tracemalloc and the RSS high-water mark are
+process-wide: every function here holds :data:`convlab.aten.capture.PROFILER_LOCK` while it
+uses them, so calls from several threads run one after another instead of crashing the
+process or leaving stdout redirected, and tracemalloc is stopped even when ``fn`` raises.
 
 :mod:`convlab.lab.bench` uses these for its memory columns and re-exports the public ones.
 """
@@ -23,38 +28,18 @@ import re
 import sys
 import tempfile
 import tracemalloc
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from convlab.aten.capture import PROFILER_LOCK, redirect_fd
 
-@contextlib.contextmanager
-def redirect_fd(fd: int, target: str = os.devnull) -> Iterator[None]:
-    """Send what C code writes to file descriptor ``fd`` to ``target`` inside the block.
-
-    torch.profiler's kineto and oneDNN's verbose mode print from C, past ``sys.stdout``.
-    """
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):
-            stream.flush()
-    saved = os.dup(fd)
-    try:
-        with open(target, "wb") as sink:
-            os.dup2(sink.fileno(), fd)
-            try:
-                yield
-            finally:
-                _flush_c_streams()
-                os.dup2(saved, fd)
-    finally:
-        os.close(saved)
-
-
-def _flush_c_streams() -> None:
-    with contextlib.suppress(Exception):
-        ctypes.CDLL(None).fflush(None)
+__all__ = [
+    "OneDNNCall", "OpTime", "alloc_peak", "measure_memory", "onednn_trace", "profile_ops",
+    "redirect_fd", "rss_peak",
+]
 
 
 def alloc_peak(fn: Callable[[], object], device: torch.device) -> float:
@@ -70,12 +55,21 @@ def alloc_peak(fn: Callable[[], object], device: torch.device) -> float:
         return float(max(peak, 0))
     from torch.profiler import ProfilerActivity, profile
 
-    with redirect_fd(2), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        tracemalloc.start()
-        out = fn()
-        _, py_peak = tracemalloc.get_traced_memory()
-        tracemalloc.stop()
-        del out
+    with PROFILER_LOCK, redirect_fd(2), profile(
+        activities=[ProfilerActivity.CPU], profile_memory=True
+    ) as prof:
+        was_tracing = tracemalloc.is_tracing()
+        if not was_tracing:
+            tracemalloc.start()
+        tracemalloc.reset_peak()
+        py_start = tracemalloc.get_traced_memory()[0]
+        try:
+            out = fn()
+            py_peak = tracemalloc.get_traced_memory()[1] - py_start
+            del out
+        finally:
+            if not was_tracing:  # leave tracemalloc as we found it, also when fn raises
+                tracemalloc.stop()
     try:
         tree = prof.profiler.kineto_results.experimental_event_tree()
     except AttributeError:  # the (experimental) event tree moved: report unknown
@@ -105,7 +99,8 @@ def measure_memory(
     4.0
     """
     device = torch.device(device)
-    return alloc_peak(fn, device), rss_peak(fn, device)
+    with PROFILER_LOCK:
+        return alloc_peak(fn, device), rss_peak(fn, device)
 
 
 def _status_bytes(key: str) -> int:
@@ -120,6 +115,11 @@ def rss_peak(fn: Callable[[], object], device: torch.device) -> float:
     """Rise of the resident-set high-water mark during one call (Linux CPU only, else NaN)."""
     if device.type != "cpu" or not sys.platform.startswith("linux"):
         return math.nan
+    with PROFILER_LOCK:
+        return _rss_peak_locked(fn)
+
+
+def _rss_peak_locked(fn: Callable[[], object]) -> float:
     try:
         with contextlib.suppress(OSError, AttributeError):
             ctypes.CDLL("libc.so.6").malloc_trim(0)  # hand freed heap pages back first
@@ -153,7 +153,7 @@ def profile_ops(fn: Callable[[], object], top: int = 8, repeat: int = 3) -> list
     from torch.profiler import ProfilerActivity, profile
 
     fn()
-    with redirect_fd(2), profile(activities=[ProfilerActivity.CPU]) as prof:
+    with PROFILER_LOCK, redirect_fd(2), profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(repeat):
             fn()
     rows = [e for e in prof.key_averages() if e.self_cpu_time_total > 0]
@@ -185,7 +185,7 @@ def onednn_trace(fn: Callable[[], object]) -> list[OneDNNCall]:
     in a temporary file. Empty when oneDNN is not used (or not built in).
     """
     fn()
-    with tempfile.TemporaryDirectory() as tmp:
+    with PROFILER_LOCK, tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "onednn.log")
         with redirect_fd(1, log), torch.backends.mkldnn.verbose(
             torch.backends.mkldnn.VERBOSE_ON

@@ -6,11 +6,13 @@ picks, its thread count or the size of its rounding errors in low precision.
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 
+from convlab.aten import native
 from convlab.lab import numerics
 
 LOW = [torch.float16, torch.bfloat16, torch.float32]
@@ -195,3 +197,50 @@ def test_grad_error_nonfinite() -> None:
     assert agree == numerics.GradError(0.0, 0.0, 0.0, 0.0)
     differ = numerics.grad_error(torch.tensor([1.0, 2.0]), exact, torch.float32)
     assert differ.rel == differ.ulps == math.inf
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200])
+def test_relative_and_grad_error_hold_at_extreme_magnitudes(scale: float) -> None:
+    # Unscaled float64 norms overflow (1e200**2) or underflow (1e-200**2) to inf or 0.
+    exact = torch.tensor([3.0, 4.0], dtype=torch.float64)  # norm 5
+    actual = torch.tensor([3.0, 4.5], dtype=torch.float64)  # error norm 0.5
+    assert numerics.relative_error(actual * scale, exact * scale) == pytest.approx(0.1)
+    err = numerics.grad_error(actual * scale, exact * scale, torch.float64)
+    assert err.rel == pytest.approx(0.1)
+    assert err.max_rel == pytest.approx(0.125)
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200])
+def test_backward_error_float64_at_extreme_magnitudes(scale: float) -> None:
+    # grad_output scaled, input and weight of order 1: every product stays in range.
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
+    w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
+    go = torch.randn(2, 4, 6, 6, dtype=torch.float64) * scale
+    errs = numerics.backward_error(go, x, w, dtype=torch.float64)
+    for err in errs.values():
+        assert math.isfinite(err.rel) and err.rel < 1e-13
+
+
+def test_record_quick_is_consistent_with_this_machine() -> None:
+    rec = numerics.record(quick=True)
+    json.dumps(rec)  # JSON-serialisable
+    routing = rec["routing"]
+    assert routing["mkldnn_bf16_supported"] == torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    x = torch.randn(8, 16, 16, 16, dtype=torch.bfloat16)
+    w = torch.randn(16, 16, 3, 3, dtype=torch.bfloat16)
+    bf16 = next(r for r in routing["rows"] if (r["conv"], r["dtype"]) == ("3x3", "bfloat16"))
+    assert bf16["backend"] == str(native.select_backend(x, w, padding=1))
+    # Every row of the accuracy table is a backend ATen lets serve that dtype here.
+    for row in rec["accuracy"]:
+        assert row["dtype"] in ("float32", "bfloat16", "float16")
+        assert set(row["ulps"]) == set(numerics.GRAD_NAMES)
+        assert all(v >= 0.0 and math.isfinite(v) for v in row["ulps"].values())
+    backends = {r["backend"] for r in rec["accuracy"] if r["dtype"] == "bfloat16"}
+    assert ("Mkldnn" in backends) == routing["mkldnn_bf16_supported"]
+    assert rec["float64_worst_rel"] < 1e-13
+    assert rec["threads_bits"]["counts"] == [1, 2, 4]
+    # The slow kernels keep their bits run to run (a fixed loop around a GEMM).
+    assert all(all(r["same_bits"]) for r in rec["run_to_run"]
+               if r["backend"].startswith("Slow"))
+    assert torch.get_num_threads() == rec["threads"]  # restored after the thread sweep

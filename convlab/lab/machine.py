@@ -1,0 +1,330 @@
+"""The machine behind a measurement: CPU, instruction sets, oneDNN, BLAS, threads, torch.
+
+Every stored measurement carries :func:`fingerprint`; :func:`fingerprint_line` is its
+one-line summary. oneDNN's and MKL's choices are read from their own verbose lines, the
+way a user would check them by hand (``ONEDNN_VERBOSE=1``, ``MKL_VERBOSE=1``): one small
+convolution forward and backward and one small ``torch.mm`` run with verbose output on,
+and the lines they print are parsed. Both libraries fix their instruction set at start-up
+(``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` cap it downwards), so a fresh process
+is needed to see another one (:data:`ISA_SETTINGS`, used by :mod:`convlab.lab.records`).
+
+>>> fp = fingerprint()                                      # doctest: +SKIP
+>>> fingerprint_line(fp)                                    # doctest: +SKIP
+'AMD EPYC x2: ATen AVX2, oneDNN 3.12.0 jit:avx2 (Intel AVX2), MKL 2024.2 ...'
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+import re
+import sys
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+
+# /proc/cpuinfo flags that decide which kernels oneDNN, ATen and MKL can use.
+ISA_FLAGS: tuple[str, ...] = (
+    "sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512dq",
+    "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
+    "amx_bf16", "amx_int8", "amx_fp16",
+)
+ISA_ENV_VARS: tuple[str, ...] = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+
+
+@dataclass(frozen=True)
+class IsaSetting:
+    """One instruction-set cap: the environment of a fresh process and how to check it.
+
+    ``needs``: cpuinfo flags the CPU must have; ``aten``: the value
+    ``torch.backends.cpu.get_cpu_capability()`` must then report; ``onednn_marker``: a
+    word oneDNN's ``isa:`` verbose line must contain (its description of the cap).
+    """
+
+    label: str
+    onednn: str
+    aten_env: str
+    aten: str
+    onednn_marker: str
+    needs: tuple[str, ...]
+
+    @property
+    def env(self) -> dict[str, str]:
+        return {"ONEDNN_MAX_CPU_ISA": self.onednn, "ATEN_CPU_CAPABILITY": self.aten_env}
+
+
+# Widest first. Each one caps both libraries; a cap above the CPU is silently ignored by
+# oneDNN, so only settings whose flags the CPU has are offered.
+ISA_SETTINGS: tuple[IsaSetting, ...] = (
+    IsaSetting("amx", "AVX512_CORE_AMX", "avx512", "AVX512", "AMX",
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16")),
+    IsaSetting("avx512_fp16", "AVX512_CORE_FP16", "avx512", "AVX512", "float16",
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_fp16")),
+    IsaSetting("avx512_bf16", "AVX512_CORE_BF16", "avx512", "AVX512", "bfloat16",
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+    IsaSetting("avx512", "AVX512_CORE", "avx512", "AVX512", "AVX512BW",
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
+    IsaSetting("avx2", "AVX2", "avx2", "AVX2", "AVX2", ("avx2", "fma")),
+    IsaSetting("sse41", "SSE41", "default", "DEFAULT", "SSE4.1", ("sse4_1",)),
+)
+ISA_ORDER: tuple[str, ...] = tuple(s.label for s in ISA_SETTINGS)
+
+
+def cpu_model() -> str:
+    """The CPU's model name (``/proc/cpuinfo``; ``platform.processor()`` elsewhere)."""
+    text = _cpuinfo()
+    match = re.search(r"^model name\s*:\s*(.+)$", text, re.MULTILINE)
+    if match:
+        return " ".join(match.group(1).split())
+    return platform.processor() or platform.machine() or "unknown CPU"
+
+
+def cpu_flags() -> set[str]:
+    """All flags of the first CPU in ``/proc/cpuinfo`` (empty where there is none)."""
+    match = re.search(r"^flags\s*:\s*(.+)$", _cpuinfo(), re.MULTILINE)
+    return set(match.group(1).split()) if match else set()
+
+
+def _cpuinfo() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return f.read()
+    except OSError:
+        return ""
+
+
+def available_settings(flags: set[str] | None = None) -> list[IsaSetting]:
+    """The ISA settings this CPU can offer, widest first (each caps downwards).
+
+    ``avx512_bf16``/``avx512_fp16``/``amx`` appear only when their flags are present, so
+    an AVX-512 CPU without them gives avx512, avx2 and sse41.
+
+    >>> [s.label for s in available_settings({"sse4_1", "avx2", "fma"})]
+    ['avx2', 'sse41']
+    """
+    flags = cpu_flags() if flags is None else flags
+    return [s for s in ISA_SETTINGS if all(f in flags for f in s.needs)]
+
+
+def machine_slug(model: str | None = None, cores: int | None = None) -> str:
+    """A file-name part for this machine: CPU model and logical cores, ``[a-z0-9-]``.
+
+    >>> machine_slug("AMD EPYC 7B13 64-Core Processor", 2)
+    'amd-epyc-7b13-64-core-processor-x2'
+    """
+    model = cpu_model() if model is None else model
+    cores = (os.cpu_count() or 1) if cores is None else cores
+    slug = re.sub(r"[^a-z0-9]+", "-", re.sub(r"\((r|tm)\)", "", model.lower())).strip("-")
+    return f"{slug or 'cpu'}-x{cores}"
+
+
+def capture_stdout(fn: Callable[[], object]) -> str:
+    """What ``fn`` writes to file descriptor 1 (C libraries' printf included)."""
+    sys.stdout.flush()
+    with tempfile.TemporaryFile(mode="w+b") as tmp:
+        saved = os.dup(1)
+        os.dup2(tmp.fileno(), 1)
+        try:
+            fn()
+            sys.stdout.flush()
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
+        tmp.seek(0)
+        return tmp.read().decode(errors="replace")
+
+
+def parse_onednn_verbose(text: str) -> dict[str, object]:
+    """oneDNN's ISA description and the implementation of each convolution primitive.
+
+    >>> parse_onednn_verbose("onednn_verbose,v1,info,cpu,isa:Intel AVX2\\n"
+    ...     "onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx2,backward_data,x")
+    {'isa_info': 'Intel AVX2', 'implementations': {'backward_data': 'jit:avx2'}}
+    """
+    isa = re.search(r"onednn_verbose,(?:v\d+,)?info,cpu,isa:([^\n]+)", text)
+    impls: dict[str, str] = {}
+    for line in text.splitlines():
+        fields = line.split(",")
+        if "convolution" in fields and "exec" in fields:
+            at = fields.index("convolution")
+            if at + 2 < len(fields):
+                impls.setdefault(fields[at + 2], fields[at + 1])
+    return {"isa_info": isa.group(1).strip() if isa else None, "implementations": impls}
+
+
+def parse_mkl_verbose(text: str) -> str | None:
+    """The code path MKL announces in its verbose header (e.g. "Intel(R) AVX2 enabled
+    processors", or "Intel(R) Architecture processors" for its generic path).
+
+    >>> parse_mkl_verbose("MKL_VERBOSE oneMKL 2024.0 Product build 20240605 for Intel(R)"
+    ...     " 64 architecture Intel(R) Architecture processors, Lnx 2.45GHz lp64")
+    'Intel(R) Architecture processors'
+    """
+    match = re.search(r"MKL_VERBOSE .*? 64 architecture (.+?)(?:,|$)", text, re.MULTILINE)
+    return match.group(1).strip() if match else None
+
+
+@functools.lru_cache(maxsize=1)
+def onednn_probe() -> dict[str, object]:
+    """Run one small conv forward+backward with oneDNN verbose on; parse what it printed.
+
+    Cached: oneDNN prints its ``isa:`` line once per process. Leaves verbose off.
+    """
+    if not torch.backends.mkldnn.is_available():
+        return {"isa_info": None, "implementations": {}}
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 16, 12, 12, generator=gen).requires_grad_()
+    w = torch.randn(16, 16, 3, 3, generator=gen).requires_grad_()
+
+    def run() -> None:
+        with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+            torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+
+    return parse_onednn_verbose(capture_stdout(run))
+
+
+@functools.lru_cache(maxsize=1)
+def mkl_probe() -> str | None:
+    """MKL's announced code path (from one small verbose ``torch.mm``), or None."""
+    if not torch.backends.mkl.is_available():
+        return None
+    a = torch.ones(32, 32)
+
+    def run() -> None:
+        with torch.backends.mkl.verbose(torch.backends.mkl.VERBOSE_ON):
+            torch.mm(a, a)
+
+    return parse_mkl_verbose(capture_stdout(run))
+
+
+def _blas() -> dict[str, object]:
+    config = torch.__config__.show()
+    mkl = re.search(r"Math Kernel Library Version ([\w.]+)", config)
+    info = re.search(r"BLAS_INFO=(\w+)", config)
+    out: dict[str, object] = {
+        "torch_blas": info.group(1) if info else None,
+        "mkl_version": mkl.group(1) if mkl else None,
+        "mkl_path": mkl_probe(),
+    }
+    try:
+        from threadpoolctl import threadpool_info
+        out["numpy_blas"] = [
+            {k: lib.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
+            for lib in threadpool_info() if lib.get("user_api") == "blas"
+        ]
+    except ImportError:
+        out["numpy_blas"] = "threadpoolctl not installed"
+    return out
+
+
+def fingerprint() -> dict[str, object]:
+    """This process's machine and settings, JSON-serialisable (see the module docstring).
+
+    Keys: cpu_model, cores, isa_flags, aten_cpu_capability, onednn_version, onednn_isa
+    (the ``jit:...`` implementation of the convolution backward), onednn_isa_info,
+    onednn_implementations, mkldnn_bf16_supported, mkldnn_fp16_supported, blas,
+    threads, interop_threads, torch_version, torch_build, python, platform, isa_env.
+    """
+    flags = cpu_flags()
+    config = torch.__config__.show()
+    onednn = re.search(r"(?:MKL-DNN|oneDNN) v([\w.]+)", config)
+    probe = onednn_probe()
+    impls: Mapping[str, str] = probe["implementations"]  # type: ignore[assignment]
+    onednn_isa = impls.get("backward_weights") or impls.get("backward_data") or next(
+        iter(impls.values()), None)
+    cuda = torch.version.cuda
+    return {
+        "cpu_model": cpu_model(),
+        "cores": os.cpu_count(),
+        "isa_flags": [f for f in ISA_FLAGS if f in flags],
+        "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "onednn_version": onednn.group(1) if onednn else None,
+        "onednn_isa": onednn_isa,
+        "onednn_isa_info": probe["isa_info"],
+        "onednn_implementations": dict(impls),
+        "mkldnn_bf16_supported": _supported("_is_mkldnn_bf16_supported"),
+        "mkldnn_fp16_supported": _supported("_is_mkldnn_fp16_supported"),
+        "blas": _blas(),
+        "threads": torch.get_num_threads(),
+        "interop_threads": torch.get_num_interop_threads(),
+        "torch_version": torch.__version__,
+        "torch_build": f"cuda {cuda}" if cuda else "cpu",
+        "python": platform.python_version(),
+        "platform": f"{platform.system()} {platform.machine()}",
+        "isa_env": {k: os.environ[k] for k in ISA_ENV_VARS if k in os.environ},
+    }
+
+
+def _supported(name: str) -> bool | None:
+    fn = getattr(torch.ops.mkldnn, name, None)
+    try:
+        return bool(fn()) if fn is not None else None
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def short_model(model: str) -> str:
+    """The CPU model without vendor marks and the trailing "N-Core Processor"/"CPU @ ..."."""
+    model = re.sub(r"\((R|TM|tm|r)\)", "", model)
+    model = re.sub(r"\s+(\d+-Core Processor|CPU\b.*|Processor)$", "", model.strip())
+    return " ".join(model.split())
+
+
+def fingerprint_line(fp: Mapping[str, object]) -> str:
+    """One line: CPU x logical cores, ATen's capability, oneDNN and its implementation, BLAS,
+    threads, torch.
+
+    >>> fingerprint_line({"cpu_model": "AMD EPYC", "cores": 2, "aten_cpu_capability": "AVX2",
+    ...     "onednn_version": "3.12.0", "onednn_isa": "jit:avx2", "onednn_isa_info":
+    ...     "Intel AVX2", "blas": {"torch_blas": "mkl", "mkl_version": "2024.2",
+    ...     "mkl_path": "Intel(R) Architecture processors"}, "threads": 2,
+    ...     "torch_version": "2.13.0+cpu"})
+    'AMD EPYC x2: ATen AVX2, oneDNN 3.12.0 jit:avx2 (Intel AVX2), MKL 2024.2 (Intel(R) \
+Architecture processors), 2 threads, torch 2.13.0+cpu'
+    """
+    blas = fp.get("blas") or {}
+    assert isinstance(blas, Mapping)
+    if blas.get("mkl_version"):
+        blas_text = f"MKL {blas['mkl_version']}"
+        if blas.get("mkl_path"):
+            blas_text += f" ({blas['mkl_path']})"
+    else:
+        blas_text = f"BLAS {blas.get('torch_blas') or 'unknown'}"
+    onednn = f"oneDNN {fp.get('onednn_version')} {fp.get('onednn_isa') or '(no jit line)'}"
+    if fp.get("onednn_isa_info"):
+        onednn += f" ({fp['onednn_isa_info']})"
+    return (f"{short_model(str(fp.get('cpu_model')))} x{fp.get('cores')}: ATen "
+            f"{fp.get('aten_cpu_capability')}, {onednn}, {blas_text}, {fp.get('threads')} "
+            f"threads, torch {fp.get('torch_version')}")
+
+
+def check_setting(setting: IsaSetting, fp: Mapping[str, object]) -> list[str]:
+    """Why the fingerprint of a process started with ``setting.env`` shows that the cap did
+    not take effect (empty list: it did)."""
+    problems = []
+    if fp.get("aten_cpu_capability") != setting.aten:
+        problems.append(f"ATen reports {fp.get('aten_cpu_capability')!r}, expected "
+                        f"{setting.aten!r}")
+    info = fp.get("onednn_isa_info")
+    if torch.backends.mkldnn.is_available() and (
+            not isinstance(info, str) or setting.onednn_marker not in info):
+        problems.append(f"oneDNN reports isa {info!r}, expected one with "
+                        f"{setting.onednn_marker!r}")
+    return problems
+
+
+def main() -> int:
+    """``python -m convlab.lab.machine``: print the fingerprint."""
+    import json
+
+    fp = fingerprint()
+    print(fingerprint_line(fp))
+    print(json.dumps(fp, indent=1))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

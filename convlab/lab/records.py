@@ -1,0 +1,344 @@
+"""Measurement records: one JSON file per machine and instruction set, and the command that
+writes them (``make records``, i.e. ``python -m convlab.lab.records``).
+
+For each ISA setting this CPU can offer (:func:`convlab.lab.machine.available_settings`:
+capping downwards only, e.g. avx2 and sse41 on an AVX2 CPU; avx512, avx2 and sse41 on an
+AVX-512 one, plus avx512_bf16/avx512_fp16/amx where the CPU has them) the command starts a
+fresh Python process with ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` set, checks in
+it that both caps took effect (ATen's reported capability and oneDNN's ``isa:`` verbose
+line; :func:`convlab.lab.machine.check_setting`), runs every section of :data:`SECTIONS`
+and writes ``book/data/records/<machine-slug>__<isa>.json``. Records of other machines in
+that folder are left alone, so a record from another machine is added by running the same
+command there. A section that raises is stored as ``{"error": "..."}``.
+
+Record JSON (schema 1)::
+
+    {"schema": 1, "isa": "avx2", "env": {...}, "created": "...Z", "quick": false,
+     "load": {"before": [1m, 5m, 15m], "after": [...]},
+     "fingerprint": {...}, "sections": {"<name>": {...} | {"error": "<one line>"}},
+     "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false}}}
+
+The chapters read them with :func:`load_records`.
+
+>>> [r.label for r in load_records()]                     # doctest: +SKIP
+['AMD EPYC x2, AVX2', 'AMD EPYC x2, SSE4.1']
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import importlib
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from convlab.lab import machine
+
+SCHEMA = 1
+# name -> "module:function"; each function is record(quick: bool = False) -> dict.
+SECTIONS: dict[str, str] = {
+    "suite": "convlab.lab.bench:record",
+    "roofline": "convlab.lab.roofline:record",
+    "peers": "convlab.lab.peers:record",
+    "per_sample": "convlab.lab.per_sample_timing:record",
+    "numerics": "convlab.lab.numerics:record",
+}
+RECORDS_DIR = Path(__file__).resolve().parents[2] / "book" / "data" / "records"
+ISA_NAMES: dict[str, str] = {
+    "amx": "AMX", "avx512_fp16": "AVX-512-FP16", "avx512_bf16": "AVX-512-BF16",
+    "avx512": "AVX-512", "avx2": "AVX2", "sse41": "SSE4.1",
+}
+REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "schema": int, "isa": str, "env": dict, "created": str, "quick": bool, "load": dict,
+    "fingerprint": dict, "sections": dict,
+}
+FINGERPRINT_KEYS: tuple[str, ...] = (
+    "cpu_model", "cores", "isa_flags", "aten_cpu_capability", "onednn_version", "onednn_isa",
+    "mkldnn_bf16_supported", "mkldnn_fp16_supported", "blas", "threads", "torch_version",
+    "torch_build", "python",
+)
+
+
+@dataclass(frozen=True)
+class Record:
+    """One record file: the measurements of one machine under one ISA setting."""
+
+    path: Path
+    isa: str
+    env: Mapping[str, str]
+    created: str
+    quick: bool
+    load: Mapping[str, Any]
+    fingerprint: Mapping[str, Any]
+    sections: Mapping[str, Any]
+    section_meta: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def machine(self) -> str:
+        """The machine slug (the file name's first part)."""
+        return machine.machine_slug(str(self.fingerprint.get("cpu_model")),
+                                    int(self.fingerprint.get("cores") or 0))
+
+    @property
+    def isa_name(self) -> str:
+        """The ISA as the text writes it, e.g. ``AVX-512``."""
+        return ISA_NAMES.get(self.isa, self.isa)
+
+    @property
+    def label(self) -> str:
+        """E.g. ``AMD EPYC x2, AVX2``."""
+        model = machine.short_model(str(self.fingerprint.get("cpu_model")))
+        return f"{model} x{self.fingerprint.get('cores')}, {self.isa_name}"
+
+    def section(self, name: str) -> Any:
+        """The data of section ``name`` (``KeyError`` naming the record if absent)."""
+        if name not in self.sections:
+            raise KeyError(f"record {self.path.name} has no section {name!r} "
+                           f"(it has: {', '.join(self.sections) or 'none'})")
+        return self.sections[name]
+
+
+def validate(data: object) -> list[str]:
+    """What is wrong with a record's JSON data (empty list: valid schema 1)."""
+    if not isinstance(data, dict):
+        return [f"a record is a JSON object, got {type(data).__name__}"]
+    problems = []
+    for key, kind in REQUIRED.items():
+        if key not in data:
+            problems.append(f"missing key {key!r}")
+        elif not isinstance(data[key], kind) or (kind is int and isinstance(data[key], bool)):
+            problems.append(f"{key!r} must be {getattr(kind, '__name__', kind)}, "
+                            f"got {type(data[key]).__name__}")
+    if problems:
+        return problems
+    if data["schema"] != SCHEMA:
+        problems.append(f"schema {data['schema']} is not {SCHEMA}")
+    if data["isa"] not in machine.ISA_ORDER:
+        problems.append(f"isa {data['isa']!r} is none of {', '.join(machine.ISA_ORDER)}")
+    missing = [k for k in FINGERPRINT_KEYS if k not in data["fingerprint"]]
+    if missing:
+        problems.append(f"fingerprint lacks {', '.join(missing)}")
+    for key in ("before", "after"):
+        value = data["load"].get(key)
+        if not (isinstance(value, list) and len(value) == 3
+                and all(isinstance(v, int | float) for v in value)):
+            problems.append(f"load[{key!r}] must be the three os.getloadavg() numbers")
+    for name, section in data["sections"].items():
+        if not isinstance(section, dict):
+            problems.append(f"section {name!r} must be an object")
+    try:
+        dt.datetime.fromisoformat(data["created"].replace("Z", "+00:00"))
+    except ValueError:
+        problems.append(f"created {data['created']!r} is not an ISO time")
+    return problems
+
+
+def read_record(path: str | os.PathLike[str]) -> Record:
+    """One record file (``ValueError`` naming the file and the problems if invalid)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    problems = validate(data)
+    if problems:
+        raise ValueError(f"{path}: invalid record: {'; '.join(problems)}")
+    return Record(path=path, isa=data["isa"], env=data["env"], created=data["created"],
+                  quick=data["quick"], load=data["load"], fingerprint=data["fingerprint"],
+                  sections=data["sections"], section_meta=data.get("section_meta", {}))
+
+
+def _isa_rank(isa: str) -> int:
+    order = machine.ISA_ORDER
+    return order.index(isa) if isa in order else len(order)
+
+
+def load_records(directory: str | os.PathLike[str] | None = None) -> list[Record]:
+    """Every ``*.json`` record in ``directory`` (default: ``book/data/records``), sorted by
+    machine, then ISA from widest to narrowest. A missing folder gives an empty list."""
+    folder = RECORDS_DIR if directory is None else Path(directory)
+    if not folder.is_dir():
+        return []
+    records = [read_record(p) for p in sorted(folder.glob("*.json"))]
+    return sorted(records, key=lambda r: (r.machine, _isa_rank(r.isa), r.path.name))
+
+
+def record_path(isa: str, directory: str | os.PathLike[str] | None = None,
+                slug: str | None = None) -> Path:
+    """Where this machine's record for ``isa`` lives."""
+    folder = RECORDS_DIR if directory is None else Path(directory)
+    return folder / f"{slug or machine.machine_slug()}__{isa}.json"
+
+
+# ------------------------------------------------------------------------------- running
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _load() -> list[float]:
+    return [round(v, 2) for v in os.getloadavg()]
+
+
+def _clean(value: Any) -> Any:
+    """JSON without NaN/inf (stored as null)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _clean(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_clean(v) for v in value]
+    return value
+
+
+def run_section(name: str, quick: bool) -> dict[str, Any]:
+    """Import and run one section (in this process); an exception becomes ``{"error": ...}``."""
+    module_name, _, function = SECTIONS[name].partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), function)
+        data = fn(quick=quick)
+        if not isinstance(data, dict):
+            raise TypeError(f"{SECTIONS[name]} returned {type(data).__name__}, not a dict")
+        json.dumps(_clean(data), allow_nan=False)
+        return data
+    except Exception as err:  # noqa: BLE001 - one failing section must not lose the others
+        first = (str(err).strip().splitlines() or [""])[0]
+        return {"error": f"{type(err).__name__}: {first}"[:300]}
+
+
+def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
+    """The fresh process of one ISA setting: check the cap, run the sections, write ``out``."""
+    setting = next(s for s in machine.ISA_SETTINGS if s.label == label)
+    load_before = _load()
+    fp = machine.fingerprint()
+    problems = machine.check_setting(setting, fp)
+    if problems:
+        print(f"records: the {label} setting did not take effect: {'; '.join(problems)}",
+              file=sys.stderr)
+        return 3
+    print(f"records [{label}] {machine.fingerprint_line(fp)}", file=sys.stderr, flush=True)
+    data: dict[str, Any] = {}
+    meta: dict[str, Any] = {}
+    for name in sections:
+        start = time.perf_counter()
+        print(f"records [{label}] {name} ...", file=sys.stderr, flush=True)
+        data[name] = run_section(name, quick)
+        seconds = round(time.perf_counter() - start, 1)
+        meta[name] = {"created": _now(), "seconds": seconds, "quick": quick}
+        status = data[name].get("error", "ok")
+        print(f"records [{label}] {name}: {status} ({seconds} s)", file=sys.stderr, flush=True)
+    record = {
+        "schema": SCHEMA, "isa": label, "env": setting.env, "created": _now(), "quick": quick,
+        "load": {"before": load_before, "after": _load()}, "fingerprint": fp,
+        "sections": data, "section_meta": meta,
+    }
+    out.write_text(json.dumps(_clean(record), indent=1, allow_nan=False) + "\n")
+    return 0
+
+
+def merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """``new`` plus the sections of ``old`` that ``new`` did not rerun (same machine and ISA).
+
+    The load and fingerprint are the new run's; ``quick`` is true if any kept section was.
+    """
+    if not old or old.get("schema") != SCHEMA:
+        return new
+    merged = dict(new)
+    merged["sections"] = {**old.get("sections", {}), **new["sections"]}
+    merged["section_meta"] = {**old.get("section_meta", {}), **new.get("section_meta", {})}
+    merged["quick"] = any(m.get("quick", old.get("quick", False))
+                          for m in merged["section_meta"].values()) or new["quick"]
+    return merged
+
+
+def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = None,
+            directory: Path | None = None) -> int:
+    """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files."""
+    settings = machine.available_settings()
+    if isas:
+        settings = [s for s in settings if s.label in isas]
+    folder = RECORDS_DIR if directory is None else directory
+    folder.mkdir(parents=True, exist_ok=True)
+    print(f"records: {machine.cpu_model()} offers {', '.join(s.label for s in settings)}; "
+          f"sections {', '.join(sections)}{' (quick)' if quick else ''}", flush=True)
+    status = 0
+    start = time.perf_counter()
+    for setting in settings:
+        env = {**os.environ, **setting.env}
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "record.json"
+            cmd = [sys.executable, "-m", "convlab.lab.records", "--child", setting.label,
+                   "--sections", ",".join(sections), "--out", str(out)]
+            if quick:
+                cmd.append("--quick")
+            code = subprocess.run(cmd, env=env, check=False).returncode
+            if code or not out.exists():
+                print(f"records: {setting.label} failed (exit {code}); no file written",
+                      flush=True)
+                status = 1
+                continue
+            new = json.loads(out.read_text())
+        target = record_path(setting.label, folder)
+        old = json.loads(target.read_text()) if target.exists() else None
+        merged = merge(old, new)
+        target.write_text(json.dumps(merged, indent=1, allow_nan=False) + "\n")
+        errors = [n for n, s in merged["sections"].items() if "error" in s]
+        print(f"records: wrote {target}" + (f" (errors in {', '.join(errors)})"
+                                            if errors else ""), flush=True)
+    print(f"records: done in {time.perf_counter() - start:.0f} s", flush=True)
+    return status
+
+
+def parse_sections(text: str | None) -> list[str]:
+    """A comma- or space-separated list of section names (all when empty)."""
+    names = [n for n in (text or "").replace(",", " ").split() if n]
+    if not names:
+        return list(SECTIONS)
+    unknown = [n for n in names if n not in SECTIONS]
+    if unknown:
+        raise ValueError(f"sections: unknown {', '.join(map(repr, unknown))}; choose from "
+                         f"{', '.join(SECTIONS)}")
+    return list(dict.fromkeys(names))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m convlab.lab.records [--quick] [--sections "suite roofline"] [--isa ...]``."""
+    parser = argparse.ArgumentParser(
+        prog="python -m convlab.lab.records",
+        description="Run the measurement sections under every ISA setting this CPU offers, "
+        "each in a fresh process, and write one record per ISA into book/data/records.")
+    parser.add_argument("--quick", action="store_true", help="fewer rounds and layers")
+    parser.add_argument("--sections", default="", help=f"from {', '.join(SECTIONS)}")
+    parser.add_argument("--isa", default="", help="only these ISA labels (comma-separated)")
+    parser.add_argument("--dir", default=None, help="records folder (default book/data/records)")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(list(argv) if argv is not None else None)
+    try:
+        sections = parse_sections(args.sections)
+        isas = [i for i in args.isa.replace(",", " ").split() if i]
+        bad = [i for i in isas if i not in machine.ISA_ORDER]
+        if bad:
+            raise ValueError(f"isa: unknown {', '.join(bad)}; choose from "
+                             f"{', '.join(machine.ISA_ORDER)}")
+    except ValueError as err:
+        print(f"records: error: {err}", file=sys.stderr)
+        return 2
+    if args.child:
+        return child(args.child, sections, args.quick, Path(args.out))
+    return run_all(sections, args.quick, isas or None,
+                   Path(args.dir) if args.dir else None)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

@@ -13,14 +13,16 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 export PYTHONHASHSEED := 0
 
-.PHONY: help venv book test lint unit nbval notebooks gpu-check bench compat clean system-deps
+.PHONY: help venv book test lint unit nbval notebooks gpu-check bench records compat clean system-deps unit-isa nbval-isa
 
 help:
 	@echo "make book        build the site into _build/html (does not execute notebooks)"
-	@echo "make test        ruff, pytest tests/, the book build, nbval over every chapter"
+	@echo "make test        ruff, pytest tests/, the book build, nbval over every chapter; tests"
+	@echo "                 and nbval again under ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default"
 	@echo "make notebooks   re-execute every chapter in place (NB=book/x.ipynb for one)"
 	@echo "make gpu-check   on a CUDA machine: CUDA tests + every notebook on the GPU"
 	@echo "make bench       benchmarks (never part of make test)"
+	@echo "make records [QUICK=1] [SECTIONS=\"suite roofline\"]  measurement records per ISA"
 	@echo "make compat TORCH=2.9.1 [RECORD=1]  chapters + tests on another torch (throwaway venv)"
 	@echo "make clean       remove _build and caches (keeps .venv)"
 
@@ -54,7 +56,20 @@ nbval: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 	  --nbval-sanitize-with nbval_sanitize.cfg $$($(PY) scripts/toc_notebooks.py)
 
-test: lint book unit nbval
+# The second ISA setting `make test` runs under: the one most unlike any x86 CPU this runs on
+# (oneDNN capped at SSE4.1, ATen's scalar kernels), so no test or compared notebook output may
+# depend on the ISA. The browser tests and the standalone C++ build run once.
+ISA_LOW := ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default
+
+unit-isa: $(STAMP) system-deps
+	$(ISA_LOW) $(PY) -m pytest tests -q --ignore=tests/test_browser.py \
+	  --ignore=tests/test_standalone_cpp.py
+
+nbval-isa: $(STAMP)
+	$(ISA_LOW) $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+	  --nbval-sanitize-with nbval_sanitize.cfg $$($(PY) scripts/toc_notebooks.py)
+
+test: lint book unit nbval unit-isa nbval-isa
 
 notebooks: $(STAMP)
 	$(PY) scripts/run_notebooks.py $(NB)
@@ -64,6 +79,11 @@ gpu-check:
 
 bench: $(STAMP)
 	$(PY) -m convlab bench
+
+# book/data/records/<machine>__<isa>.json: every section under each ISA this CPU offers,
+# one fresh process per ISA (see convlab/lab/records.py). Never part of `make test`.
+records: $(STAMP)
+	$(PY) -m convlab.lab.records $(if $(QUICK),--quick) $(if $(SECTIONS),--sections "$(SECTIONS)")
 
 # Another torch from the package registry in a throwaway venv, convlab installed as on Colab.
 # Not part of `make test`: each version downloads a multi-GB wheel.

@@ -1,0 +1,259 @@
+"""Per-sample weight gradients of a convolution: convlab's routes against what a user would
+pick instead, timed in one interleaved run, and the grouped-vs-im2col crossover.
+
+* :data:`WEIGHT_ROUTES`: given the input and ``grad_output``, every sample's weight
+  gradient: convlab's ``grouped`` and ``im2col`` routes
+  (:func:`convlab.scratch.per_sample.per_sample_weight_grad`), ``torch.func.vmap`` over
+  ``convolution_backward``, Opacus's grad sampler (``F.unfold`` + ``einsum``), ``unfoldNd``
+  (BackPACK's unfold package) + ``einsum``, and BackPACK's ``BatchGrad`` derivative (a
+  grouped convolution with input and ``grad_output`` swapped);
+* :data:`STEP_ROUTES`: a forward plus a per-sample backward, as a training step runs it:
+  ``vmap(grad(...))``, ExpandedWeights (``torch.nn.utils._per_sample_grad``), a loop of one
+  backward per sample, and the forward alone;
+* :func:`sweep`: grouped against im2col over the batch size and the output positions.
+
+Opacus and BackPACK are optional: without them their rows are recorded as
+``{"skipped": "not installed"}``. :func:`record` is the ``per_sample`` section of
+:mod:`convlab.lab.records`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import statistics
+from collections.abc import Callable, Mapping
+
+import torch
+import torch.nn.functional as F
+from torch.func import grad, vmap
+
+from convlab.scratch.per_sample import per_sample_weight_grad
+
+__all__ = ["LAYER", "crossover", "record", "routes", "sweep", "verdict"]
+
+# The timed layer: N, C_in, C_out, image side, kernel side (3x3, padding 1, float32).
+LAYER: tuple[int, int, int, int, int] = (8, 16, 32, 32, 3)
+
+
+def installed(package: str) -> bool:
+    """Whether ``package`` can be imported here (without importing it)."""
+    return importlib.util.find_spec(package) is not None
+
+
+def _tensors(n: int, c_in: int, c_out: int, size: int, k: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c_in, size, size, generator=gen)
+    w = torch.randn(c_out, c_in, k, k, generator=gen)
+    go = torch.randn(n, c_out, size, size, generator=gen)  # padding k // 2: same size
+    return x, w, go
+
+
+def routes(layer: tuple[int, int, int, int, int] = LAYER
+           ) -> tuple[dict[str, Callable[[], torch.Tensor] | str], dict[str, Callable]]:
+    """``(weight_routes, step_routes)`` for ``layer``: name -> zero-argument callable that
+    returns the ``[N, C_out, C_in, k, k]`` per-sample weight gradients (the step routes'
+    ``forward only`` returns the output), or -> ``"not installed"`` for a missing peer."""
+    n, c_in, c_out, size, k = layer
+    x, w, go = _tensors(*layer)
+    pad = k // 2
+    conv = torch.nn.Conv2d(c_in, c_out, k, padding=pad, bias=False)
+    conv.weight.data.copy_(w)
+    mask = [False, True, False]
+
+    def backward_only(xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.convolution_backward(
+            gi[None], xi[None], w, None, [1, 1], [pad, pad], [1, 1], False, [0, 0], 1,
+            mask)[1]
+
+    weight: dict[str, Callable[[], torch.Tensor] | str] = {
+        "convlab grouped": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad),
+        "convlab im2col": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
+                                                         method="im2col"),
+        "vmap(conv backward)": lambda: vmap(backward_only)(x, go),
+    }
+    if installed("opacus"):
+        from opacus.grad_sample.conv import compute_conv_grad_sample
+
+        weight["Opacus (unfold + einsum)"] = (
+            lambda: compute_conv_grad_sample(conv, [x], go)[conv.weight])
+    else:
+        weight["Opacus (unfold + einsum)"] = "not installed"
+    if installed("unfoldNd"):
+        import unfoldNd
+
+        def unfoldnd_einsum() -> torch.Tensor:
+            cols = unfoldNd.unfoldNd(x, k, padding=pad)  # [N, C_in k k, L]
+            out = torch.einsum("nol,npl->nop", go.reshape(n, c_out, -1), cols)
+            return out.reshape(n, *w.shape)
+
+        weight["unfoldNd + einsum"] = unfoldnd_einsum
+    else:
+        weight["unfoldNd + einsum"] = "not installed"
+    if installed("backpack"):
+        from backpack.core.derivatives.conv2d import Conv2DDerivatives
+
+        holder = torch.nn.Conv2d(c_in, c_out, k, padding=pad, bias=False)
+        holder.weight.data.copy_(w)
+        holder.input0, holder.output = x, go  # what BackPACK's hooks store
+        derivatives = Conv2DDerivatives()
+        weight["BackPACK BatchGrad (grouped conv)"] = lambda: derivatives.param_mjp(
+            "weight", holder, None, (go,), go, sum_batch=False)
+    else:
+        weight["BackPACK BatchGrad (grouped conv)"] = "not installed"
+
+    def full_loss(wt: torch.Tensor, xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
+        return (F.conv2d(xi[None], wt, padding=pad) * gi[None]).sum()
+
+    def expanded_weights() -> torch.Tensor:
+        from torch.nn.utils._per_sample_grad import call_for_per_sample_grads
+
+        conv.weight.grad_sample = None
+        call_for_per_sample_grads(conv, loss_reduction="sum")(x).backward(go)
+        return conv.weight.grad_sample
+
+    def loop() -> torch.Tensor:
+        wr = w.clone().requires_grad_()
+        return torch.stack([torch.autograd.grad(
+            F.conv2d(x[i:i + 1], wr, padding=pad), wr, go[i:i + 1])[0][None]
+            for i in range(n)]).reshape(n, *w.shape)
+
+    step = {
+        "vmap(grad(conv))": lambda: vmap(grad(full_loss), in_dims=(None, 0, 0))(w, x, go),
+        "ExpandedWeights": expanded_weights,
+        "loop of backwards": loop,
+        "forward only": lambda: F.conv2d(x, w, padding=pad),
+    }
+    return weight, step
+
+
+def _ratios(a: tuple[float, ...], b: tuple[float, ...]) -> list[float]:
+    return [p / q for p, q in zip(a, b, strict=True)]
+
+
+def verdict(ratios: list[float], band: float) -> str:
+    """``"slower"``/``"faster"`` when every per-round ratio lies on one side of 1 and their
+    median outside ``[1 / (1 + band), 1 + band]`` (a sign test over the rounds: with 5
+    rounds all on one side, p = 0.0625 two-sided), else ``"within noise"``."""
+    med = statistics.median(ratios)
+    if all(r > 1 for r in ratios) and med > 1 + band:
+        return "slower"
+    if all(r < 1 for r in ratios) and med < 1 / (1 + band):
+        return "faster"
+    return "within noise"
+
+
+def _interleaved(fns: Mapping[str, Callable[[], object]], rounds: int, min_run_time: float):
+    from convlab.lab import timing
+
+    return timing.interleaved(fns, rounds=rounds, min_run_time=min_run_time, threads=1)
+
+
+def _peak_mb(fn: Callable[[], object]) -> float:
+    from convlab.lab.profiling import measure_memory
+
+    return measure_memory(fn, "cpu")[0] / 2**20
+
+
+def compare(quick: bool = False) -> dict[str, object]:
+    """Every route of :func:`routes` on :data:`LAYER`, one interleaved run on one thread,
+    against ``convlab grouped``; the A/A pair is ``convlab grouped`` timed twice."""
+    weight, step = routes(LAYER)
+    truth = weight["convlab im2col"]()
+    fns: dict[str, Callable[[], object]] = {}
+    rows: dict[str, dict[str, object]] = {}
+    for name, fn in {**weight, **step}.items():
+        if isinstance(fn, str):
+            rows[name] = {"skipped": fn}
+            continue
+        if name != "forward only":
+            got = fn()
+            # float32 sums of up to C_in*k*k*H*W = 147456 products of N(0,1) values.
+            rows[name] = {"matches_im2col": bool(torch.allclose(got, truth, atol=1e-2))}
+        else:
+            rows[name] = {}
+        fns[name] = fn
+    fns["convlab grouped (again)"] = fns["convlab grouped"]
+    rounds, min_run_time = (3, 0.02) if quick else (7, 0.1)
+    timings = _interleaved(fns, rounds, min_run_time)
+    base = timings["convlab grouped"]
+    aa = _ratios(timings["convlab grouped (again)"].rounds, base.rounds)
+    band = max(abs(math.log(r)) for r in aa)
+    band = math.exp(band) - 1
+    for name, t in timings.items():
+        if name == "convlab grouped (again)":
+            continue
+        ratios = _ratios(t.rounds, base.rounds)
+        rows[name].update({
+            "kind": "weight" if name in weight else "step",
+            "median_s": t.median, "min_s": min(t.rounds), "max_s": max(t.rounds),
+            "calls_per_round": t.calls_per_round, "ratio_vs_grouped": statistics.median(ratios),
+            "round_ratios": ratios,
+            "verdict": "-" if name == "convlab grouped" else verdict(ratios, band),
+            "peak_mb": _peak_mb(fns[name]),
+        })
+    import torch.nn.utils._expanded_weights.conv_utils as ew
+
+    return {"layer": dict(zip(("n", "c_in", "c_out", "size", "kernel"), LAYER, strict=True)),
+            "threads": 1, "rounds": rounds, "aa_round_ratios": aa, "aa_band": band,
+            "expanded_weights_threshold": ew.THRESHOLD, "routes": rows}
+
+
+def sweep(quick: bool = False) -> dict[str, object]:
+    """Time of ``im2col`` over time of ``grouped`` (median of per-round ratios) as the batch
+    grows at 16x16 (``"N"``) and as the output positions grow at N = 8 (``"positions"``),
+    for a 16 -> 32 channel 3x3 conv; one interleaved run per axis, one thread."""
+    axes = {"N": [(n, 16) for n in (1, 4, 16, 64)],
+            "positions": [(8, s) for s in (4, 8, 16, 32, 64)]}
+    if quick:
+        axes = {"N": [(1, 16), (16, 16)], "positions": [(8, 4), (8, 32)]}
+    out: dict[str, list[dict[str, object]]] = {}
+    for axis, points in axes.items():
+        fns: dict[str, Callable[[], object]] = {}
+        for n, size in points:
+            x, w, go = _tensors(n, 16, 32, size, 3, seed=n + size)
+            for method in ("grouped", "im2col"):
+                fns[f"{method} {n} {size}"] = (
+                    lambda x=x, w=w, go=go, m=method:
+                    per_sample_weight_grad(x, w.shape, go, padding=1, method=m))
+        t = _interleaved(fns, 3 if quick else 5, 0.02 if quick else 0.05)
+        out[axis] = []
+        for n, size in points:
+            g, i = t[f"grouped {n} {size}"], t[f"im2col {n} {size}"]
+            ratios = _ratios(i.rounds, g.rounds)
+            out[axis].append({"n": n, "positions": size * size, "grouped_s": g.median,
+                              "im2col_s": i.median, "im2col_over_grouped":
+                              statistics.median(ratios), "round_ratios": ratios})
+    return out
+
+
+def crossover(points: list[dict[str, object]], key: str) -> str:
+    """Where ``im2col_over_grouped`` crosses 1 along ``key`` (``"n"`` or ``"positions"``):
+    a sentence computed from the points, e.g. ``"grouped faster from n = 4 on"``."""
+    faster = [p["im2col_over_grouped"] > 1 for p in points]
+    if all(faster):
+        return f"grouped faster at every {key} measured ({points[0][key]}-{points[-1][key]})"
+    if not any(faster):
+        return f"im2col faster at every {key} measured ({points[0][key]}-{points[-1][key]})"
+    flips = [f"{'grouped' if b else 'im2col'} faster from {key} = {p[key]}"
+             for a, b, p in zip(faster, faster[1:], points[1:], strict=False) if a != b]
+    first = "grouped" if faster[0] else "im2col"
+    return f"{first} faster at {key} = {points[0][key]}, " + ", then ".join(flips)
+
+
+def record(quick: bool = False) -> dict[str, object]:
+    """The ``per_sample`` record section: :func:`compare` and :func:`sweep`, with the peer
+    packages' versions (or None where not installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for dist in ("opacus", "backpack-for-pytorch", "unfoldNd"):
+        try:
+            versions[dist] = version(dist)
+        except PackageNotFoundError:
+            versions[dist] = None
+    before = torch.get_num_threads()
+    try:
+        return {"peers": versions, "compare": compare(quick), "sweep": sweep(quick)}
+    finally:
+        torch.set_num_threads(before)

@@ -8,10 +8,15 @@ estimates need. Two routes compute all of them at once:
 
 * ``"grouped"``: fold the batch into the channels and run **one grouped weight-gradient
   convolution** (``groups * N`` groups) on whatever backend ATen selects; this is what
-  ``torch.func.vmap``'s batching rule for ``convolution_backward`` does.
+  ``torch.func.vmap``'s batching rule for ``convolution_backward`` does, and the trick that
+  Rochette, Manoel and Tramel (2019, https://arxiv.org/abs/1912.06015) describe. BackPACK's
+  ``BatchGrad`` uses the same trick with input and ``grad_output`` in swapped roles (or,
+  with ``weight_jac_t_save_memory``, their higher-order convolution);
+  ExpandedWeights takes it for ungrouped convs below batch 32.
 * ``"im2col"``: build the im2col columns and contract them with ``grad_output`` in one
-  batched GEMM (an ``einsum``), the method BackPACK and Opacus use; it materialises the
-  columns, ``N * C_in * prod(k) * prod(O)`` values.
+  batched GEMM (an ``einsum``), as Opacus's grad sampler does (``F.unfold`` + ``einsum``)
+  and ExpandedWeights otherwise; it materialises the columns,
+  ``N * C_in * prod(k) * prod(O)`` values.
 
 The bias gradient of sample ``n`` is ``grad_output_n`` summed over its positions.
 """
@@ -64,7 +69,7 @@ def per_sample_weight_grad(
     Arguments follow :func:`torch.nn.grad.conv2d_weight` (ints or tuples).
     Shapes: input ``[N, C_in, *S]``, weight_size ``[C_out, C_in/groups, *k]``,
     grad_output ``[N, C_out, *O]``. ``method`` is ``"grouped"`` (one grouped convolution
-    backward, the faster and leaner route) or ``"im2col"`` (columns and a batched GEMM).
+    backward, no column buffer) or ``"im2col"`` (columns and a batched GEMM).
     Returns ``[N, C_out, C_in/groups, *k]``; its sum over the first dimension is the usual
     ``grad_weight``.
 

@@ -1,21 +1,78 @@
-"""convlab.lab.timing: the interleaved method's bookkeeping (never its numbers)."""
+"""convlab.lab.timing: the method's bookkeeping and its statistics, on synthetic timings
+(never real timings: no test here depends on how fast anything ran)."""
 
 from __future__ import annotations
 
+import contextlib
+import math
+import random
+
 import pytest
 
-from convlab.lab.timing import Timing, differs, interleaved, noise_band
+from convlab.lab import timing
+from convlab.lab.timing import (
+    MIN_ROUNDS,
+    Timing,
+    aa_band,
+    band_from_ratios,
+    compare,
+    differs,
+    interleaved,
+    noise_band,
+    plan_calls,
+    ratio,
+    sign_test,
+    verdict_of,
+)
 
 
-def test_rounds_interleave_and_count_calls():
+def test_rounds_interleave_in_a_seeded_shuffled_order(monkeypatch):
+    monkeypatch.setattr(timing, "plan_calls", lambda *args: (1, 1))
     order: list[str] = []
-    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
-    result = interleaved(fns, rounds=3, min_run_time=0.001)
-    assert list(result) == ["a", "b"]
-    assert all(len(t.rounds) == 3 and t.calls_per_round >= 1 for t in result.values())
-    # after the warm-up (a, b), every round runs all of a's calls before b's
-    firsts = [i for i, name in enumerate(order) if name == "b"]
-    assert order[:2] == ["a", "b"] and order[firsts[1] - 1] == "a"
+    fns = {name: (lambda n=name: order.append(n)) for name in "abcd"}
+    result = interleaved(fns, rounds=8, min_run_time=0.001, min_calls=1, seed=3)
+    assert list(result) == list("abcd")
+    assert all(len(t.rounds) == 8 and t.calls_per_round == 1 for t in result.values())
+    # warm-up + estimate: each candidate twice, in the order of fns
+    assert order[:8] == ["a", "a", "b", "b", "c", "c", "d", "d"]
+    rounds = [order[8 + 4 * i: 12 + 4 * i] for i in range(8)]
+    assert all(sorted(r) == list("abcd") for r in rounds)
+    assert len({tuple(r) for r in rounds}) > 1, "the order must change between rounds"
+    # the same seed gives the same orders; seed=None keeps the order of fns
+    again: list[str] = []
+    fns2 = {name: (lambda n=name: again.append(n)) for name in "abcd"}
+    interleaved(fns2, rounds=8, min_run_time=0.001, min_calls=1, seed=3)
+    assert again == order
+    plain: list[str] = []
+    fns3 = {name: (lambda n=name: plain.append(n)) for name in "abcd"}
+    interleaved(fns3, rounds=2, min_run_time=0.001, min_calls=1, seed=None)
+    assert plain[8:] == list("abcd") * 2
+
+
+def test_every_round_runs_at_least_min_calls():
+    counts = {"a": 0}
+
+    def fn():
+        counts["a"] += 1
+
+    result = interleaved({"a": fn}, rounds=3, min_run_time=1e-9, min_calls=20)
+    assert result["a"].calls_per_round >= 20
+    # the warm-up, the estimate, then at least 20 timed calls in each of 3 rounds
+    assert counts["a"] >= 2 + 3 * 20
+
+
+@pytest.mark.parametrize(("per_call", "min_calls", "min_time", "want"), [
+    (0.073, 20, 0.1, (10, 2)),      # a big layer: 20 calls, never two 1-call blocks
+    (1.0, 20, 0.1, (10, 2)),
+    (0.01, 20, 0.5, (10, 5)),       # min_run_time decides: 50 calls
+    (1e-6, 1, 0.01, (10, 1000)),
+    (0.5, 3, 0.1, (3, 1)),          # fewer calls than MAX_BLOCKS: one call per block
+])
+def test_plan_calls(per_call, min_calls, min_time, want):
+    blocks, number = plan_calls(per_call, min_calls, min_time)
+    assert (blocks, number) == want
+    assert blocks * number >= min_calls
+    assert blocks * number * per_call >= min_time * (1 - 1e-9)
 
 
 def test_summaries():
@@ -23,20 +80,24 @@ def test_summaries():
     assert t.median == 3.0
     assert t.quartiles == (2.0, 4.0)
     assert t.spread == pytest.approx(3.0)
-    u = Timing("y", (3.3,) * 5, 7)
-    assert noise_band(t, u) == pytest.approx(0.1)
-    assert differs(t, u, band=0.05) and not differs(t, u, band=0.2)
 
 
-@pytest.mark.parametrize("kwargs", [{"rounds": 0}, {"rounds": 2.0}, {"min_run_time": 0}])
+@pytest.mark.parametrize("kwargs", [
+    {"rounds": 0}, {"rounds": 2.0}, {"min_run_time": 0}, {"min_calls": 0},
+    {"threads": 0}, {"threads": -1}, {"threads": 2.5}, {"threads": True},
+])
 def test_bad_arguments(kwargs):
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match=next(iter(kwargs))):
         interleaved({"a": lambda: None}, **kwargs)
 
 
-def test_around_holds_a_context_per_candidate():
-    import contextlib
+@pytest.mark.parametrize("threads", [0, -1, 1.5, "2"])
+def test_blas_threads_rejects_bad_counts(threads):
+    with pytest.raises(ValueError, match="threads"), timing.blas_threads(threads):
+        pass
 
+
+def test_around_holds_a_context_per_candidate():
     state = {"held": False}
     seen: list[bool] = []
 
@@ -47,7 +108,7 @@ def test_around_holds_a_context_per_candidate():
         state["held"] = False
 
     result = interleaved({"a": lambda: seen.append(state["held"]), "b": lambda: None},
-                         rounds=2, min_run_time=0.001, around={"a": hold})
+                         rounds=2, min_run_time=0.001, min_calls=2, around={"a": hold})
     assert seen and all(seen) and not state["held"]
     assert set(result) == {"a", "b"}
     with pytest.raises(ValueError, match="unknown candidates"):
@@ -55,14 +116,114 @@ def test_around_holds_a_context_per_candidate():
 
 
 def test_ratio_is_per_round():
-    from convlab.lab.timing import ratio
-
     x = Timing("x", (2.0, 4.0, 6.0), 1)
     y = Timing("y", (1.0, 4.0, 2.0), 1)
     r = ratio(x, y)
     assert (r.median, r.low, r.high) == (2.0, 1.0, 3.0)
+    assert r.per_round == (2.0, 1.0, 3.0)
     with pytest.raises(ValueError):
         ratio(x, Timing("z", (1.0,), 1))
+
+
+def test_sign_test_matches_the_binomial():
+    assert sign_test(7, 7) == 1 / 128
+    assert sign_test(6, 7) == 8 / 128
+    assert sign_test(0, 5) == 1.0
+    assert MIN_ROUNDS == 6  # 2 * 0.5**6 = 0.031 <= 0.05 < 2 * 0.5**5
+    with pytest.raises(ValueError):
+        sign_test(8, 7)
+
+
+def test_band_is_a_quantile_of_pooled_log_ratios():
+    # 19 ratios within 2 %, one at 1.5: the 95th percentile (rank 19 of 20) ignores it
+    ratios = [1.02] * 10 + [1 / 1.02] * 9 + [1.5]
+    assert band_from_ratios(ratios) == pytest.approx(0.02)
+    assert band_from_ratios(ratios, quantile=1.0) == pytest.approx(0.5)
+    assert math.isnan(band_from_ratios([]))
+    with pytest.raises(ValueError):
+        band_from_ratios([1.0], quantile=0)
+
+
+def test_band_pools_every_pair_not_one():
+    """One lucky pair (0 % gap) must not set the band: pooling keeps the noisy pair's rounds."""
+    quiet = (Timing("a", (1.0,) * 7, 1), Timing("a'", (1.0,) * 7, 1))
+    noisy = (Timing("b", (1.0,) * 7, 1), Timing("b'", (1.2, 0.85, 1.1, 0.9, 1.15, 1.0, 1.0), 1))
+    assert noise_band(*quiet) == 0.0
+    pooled = aa_band([quiet, noisy])
+    assert pooled == pytest.approx(0.2)  # rank 14 of 14: the 1.2 round of the noisy pair
+    assert math.isnan(aa_band([]))
+
+
+def _timings(ratios, base=0.01):
+    y = Timing("y", tuple(base for _ in ratios), 20)
+    x = Timing("x", tuple(base * r for r in ratios), 20)
+    return x, y
+
+
+def test_verdict_needs_every_round_beyond_the_band_with_seven_rounds():
+    x, y = _timings([1.3, 1.25, 1.4, 1.31, 1.28, 1.35, 1.3])
+    v = compare(x, y, band=0.1)
+    assert v.verdict == "slower" and v.above == 7 and v.p_value == pytest.approx(2 / 128)
+    assert differs(x, y, band=0.1)
+    assert compare(y, x, band=0.1).verdict == "faster"
+    # the median is far outside the band, but one round is not: no verdict with 7 rounds
+    x, y = _timings([1.3, 1.25, 1.4, 0.95, 1.28, 1.35, 1.3])
+    v = compare(x, y, band=0.1)
+    assert v.ratio.median > 1.1 and v.verdict == "within noise"
+    assert not differs(x, y, band=0.1)
+
+
+def test_verdict_ratios_on_both_sides_of_one_are_noise():
+    """The stored resnet14 fwd+bwd case: median 1.14x, rounds on both sides of 1."""
+    v = verdict_of([1.14, 0.92, 1.3, 1.05, 1.2, 0.97, 1.16], band=0.03)
+    assert v.ratio.median == pytest.approx(1.14) and v.verdict == "within noise"
+
+
+def test_verdict_inside_the_band_is_noise_even_if_one_sided():
+    v = verdict_of([1.03, 1.04, 1.02, 1.05, 1.03, 1.04, 1.02], band=0.08)
+    assert v.verdict == "within noise" and v.above == 0
+
+
+def test_too_few_rounds_never_give_a_verdict():
+    assert verdict_of([2.0] * (MIN_ROUNDS - 1), band=0.01).verdict == "within noise"
+    assert verdict_of([2.0] * MIN_ROUNDS, band=0.01).verdict == "slower"
+
+
+def test_verdict_without_a_band():
+    assert verdict_of([2.0] * 7, band=math.nan).verdict == "?"
+    with pytest.raises(ValueError):
+        verdict_of([], band=0.1)
+    with pytest.raises(ValueError):
+        verdict_of([1.0], band=-0.1)
+
+
+def test_false_positive_rate_on_synthetic_aa_noise():
+    """Pure noise (lognormal per-round jitter, no true difference): the band from pooled
+    A/A pairs and the sign test call almost no pair different."""
+    rng = random.Random(0)
+    calls = 0
+    for _ in range(300):
+        pairs = []
+        for _ in range(6):
+            a = tuple(math.exp(rng.gauss(0, 0.05)) for _ in range(7))
+            b = tuple(math.exp(rng.gauss(0, 0.05)) for _ in range(7))
+            pairs.append((Timing("a", a, 20), Timing("b", b, 20)))
+        band = aa_band(pairs[:5])
+        calls += compare(*pairs[5], band).verdict != "within noise"
+    assert calls <= 3  # the sign test alone allows 2 * 0.5**7 = 1.6 %; the band cuts more
+
+
+def test_true_difference_is_found_on_synthetic_noise():
+    rng = random.Random(1)
+    found = 0
+    for _ in range(100):
+        aa = [(Timing("a", tuple(math.exp(rng.gauss(0, 0.03)) for _ in range(7)), 20),
+               Timing("b", tuple(math.exp(rng.gauss(0, 0.03)) for _ in range(7)), 20))
+              for _ in range(5)]
+        x = Timing("x", tuple(1.5 * math.exp(rng.gauss(0, 0.03)) for _ in range(7)), 20)
+        y = Timing("y", tuple(math.exp(rng.gauss(0, 0.03)) for _ in range(7)), 20)
+        found += compare(x, y, aa_band(aa)).verdict == "slower"
+    assert found >= 95
 
 
 def test_blas_threads_reports_what_it_limited():

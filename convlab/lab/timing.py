@@ -1,16 +1,34 @@
 """Interleaved timing: the one measurement method every comparison in convlab uses.
 
-Each round times every candidate once with ``torch.utils.benchmark``'s
-``blocked_autorange`` (so a round holds many calls, not one); rounds alternate between
-candidates, so a slow phase of a shared machine hits all of them alike. The result of a
-candidate is the median over rounds of the per-round medians, with the spread across
-rounds (min, quartiles, max). Two candidates differ only when their gap exceeds the noise
-band that an A/A pair (the same kernel reached two ways) shows in the same run.
+The method, step by step:
+
+1. **Calls per round.** After a warm-up call, one timed call estimates a candidate's cost
+   ``t``; every round then times ``n = max(min_calls, ceil(min_run_time / t))`` calls of it
+   (at least 20 by default, however big the layer), in up to 10 blocks of equal size
+   (``torch.utils.benchmark.Timer``); the round's value is the median over its blocks of
+   seconds per call, so one interrupted block does not move it.
+2. **Interleaving in random order.** Each round times every candidate once; the order of
+   the candidates is shuffled afresh each round (seeded, so a run is repeatable), so a slow
+   phase of a shared machine, or a cache warmed by the candidate before, hits all of them
+   alike rather than always the same one.
+3. **Per-round ratios.** Round ``i`` of two candidates ran side by side; their ratio
+   ``x_i / y_i`` cancels a slow phase both saw. :func:`ratio` summarises them.
+4. **The A/A band** (:func:`aa_band`): pairs that run the same kernel reached two ways (an
+   A/A pair) differ only by noise. Their per-round ratios are pooled over *every* pair of
+   the run (never one pair: one pair's gap is itself a noisy number), and the band is the
+   95th percentile of ``|log ratio|``, written as a relative gap ``exp(q) - 1``.
+5. **The verdict** (:func:`compare`), a **sign test** against the band's edges: ``x`` is
+   *slower* than ``y`` only when so many per-round ratios lie above ``1 + band`` that the
+   two-sided sign test rejects "the median ratio is at most ``1 + band``" at
+   ``alpha = 0.05`` (each direction at ``alpha / 2``); *faster* likewise below
+   ``1 / (1 + band)``; else *within noise*. With 7 rounds this means all 7 ratios on one
+   side of 1 and outside the band; fewer than :data:`MIN_ROUNDS` rounds never give a
+   verdict.
 
 >>> import torch
 >>> x = torch.randn(256, 256)
 >>> t = interleaved({"mm": lambda: x @ x, "matmul": lambda: torch.matmul(x, x)},
-...                 rounds=5, min_run_time=0.01)
+...                 rounds=3, min_run_time=0.01, min_calls=5)
 >>> sorted(t)
 ['matmul', 'mm']
 """
@@ -18,13 +36,31 @@ band that an A/A pair (the same kernel reached two ways) shows in the same run.
 from __future__ import annotations
 
 import contextlib
+import math
+import random
 import statistics
-from collections.abc import Callable, Iterator, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 
 import torch
 from torch.utils.benchmark import Timer
+
+ALPHA = 0.05
+BAND_QUANTILE = 0.95
+MAX_BLOCKS = 10
+
+
+def _min_rounds(alpha: float) -> int:
+    n = 1
+    while 2 * 0.5**n > alpha:
+        n += 1
+    return n
+
+
+# The fewest rounds with which the two-sided sign test can reject at ALPHA (all on one side).
+MIN_ROUNDS = _min_rounds(ALPHA)
 
 
 @dataclass(frozen=True)
@@ -60,32 +96,68 @@ class Timing:
                 f"x {self.calls_per_round} calls)")
 
 
+def check_threads(threads: object, name: str = "threads") -> int:
+    """``threads`` as a positive int (``ValueError`` naming ``name`` otherwise)."""
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"{name} must be a positive int, got {threads!r}")
+    return threads
+
+
+def plan_calls(seconds_per_call: float, min_calls: int, min_run_time: float) -> tuple[int, int]:
+    """``(blocks, calls per block)`` for one round: at least ``min_calls`` calls and
+    ``min_run_time`` seconds, in at most ``MAX_BLOCKS`` blocks of equal size.
+
+    >>> plan_calls(0.073, 20, 0.1)     # a 73 ms layer: 20 calls, 10 blocks of 2
+    (10, 2)
+    >>> plan_calls(1e-5, 20, 0.1)      # 10 us: 10000 calls in 10 blocks
+    (10, 1000)
+    """
+    per_call = max(seconds_per_call, 1e-9)
+    calls = max(min_calls, math.ceil(min_run_time / per_call))
+    blocks = min(MAX_BLOCKS, calls)
+    return blocks, math.ceil(calls / blocks)
+
+
+def _time_block(timer: Timer, number: int) -> float:
+    """Seconds per call of ``number`` calls (the Timer's thread setting applied)."""
+    from torch.utils.benchmark.utils import common
+
+    with common.set_torch_threads(timer._task_spec.num_threads):
+        return timer._timeit(number) / number
+
+
 def interleaved(
     fns: Mapping[str, Callable[[], object]],
-    rounds: int = 5,
+    rounds: int = 7,
     min_run_time: float = 0.1,
     threads: int | None = None,
     around: Mapping[str, Callable[[], AbstractContextManager[object]]] | None = None,
+    min_calls: int = 20,
+    seed: int | None = 0,
 ) -> dict[str, Timing]:
-    """Time every callable in ``fns`` in ``rounds`` interleaved rounds.
+    """Time every callable in ``fns`` in ``rounds`` interleaved rounds (module docstring).
 
     Args:
         fns: name -> zero-argument callable (run once before timing, as a warm-up).
-        rounds: number of rounds (>= 1); each times every candidate once.
-        min_run_time: seconds of ``blocked_autorange`` per candidate and round.
+        rounds: number of rounds (>= 1; >= ``MIN_ROUNDS`` for a verdict); each times every
+            candidate once, in an order shuffled per round.
+        min_run_time: seconds each candidate runs at least per round.
         threads: torch threads for the timed calls (default: the current setting).
         around: name -> context-manager factory entered around that candidate's warm-up
-            and each of its ``blocked_autorange`` blocks (e.g. a forced backend), so
-            that its set-up is not timed.
+            and each of its rounds (e.g. a forced backend), so that its set-up is not timed.
+        min_calls: calls each candidate runs at least per round (>= 1).
+        seed: seed of the per-round shuffle (None: keep the order of ``fns``).
 
     Returns:
         name -> :class:`Timing`, in the order of ``fns``.
     """
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
-    if not min_run_time > 0:
+    if isinstance(min_run_time, bool) or not isinstance(min_run_time, int | float) \
+            or not min_run_time > 0:
         raise ValueError(f"min_run_time must be positive, got {min_run_time!r}")
-    threads = torch.get_num_threads() if threads is None else threads
+    check_threads(min_calls, "min_calls")
+    threads = torch.get_num_threads() if threads is None else check_threads(threads)
     around = dict(around or {})
     unknown = set(around) - set(fns)
     if unknown:
@@ -94,54 +166,152 @@ def interleaved(
     def context(name: str) -> AbstractContextManager[object]:
         return around[name]() if name in around else contextlib.nullcontext()
 
+    timers = {name: Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+              for name, fn in fns.items()}
+    plans: dict[str, tuple[int, int]] = {}
     for name, fn in fns.items():
         with context(name):
             fn()
+            start = time.perf_counter()
+            _time_block(timers[name], 1)
+            plans[name] = plan_calls(time.perf_counter() - start, min_calls, min_run_time)
+    order = list(fns)
+    shuffle = random.Random(seed).shuffle if seed is not None else None
     per_round: dict[str, list[float]] = {name: [] for name in fns}
-    calls: dict[str, int] = dict.fromkeys(fns, 0)
     for _ in range(rounds):
-        for name, fn in fns.items():
-            timer = Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+        if shuffle is not None:
+            shuffle(order)
+        for name in order:
+            blocks, number = plans[name]
             with context(name):
-                m = timer.blocked_autorange(min_run_time=min_run_time)
-            per_round[name].append(m.median)
-            calls[name] += m.number_per_run * len(m.times)
-    return {name: Timing(name, tuple(per_round[name]), calls[name] // rounds)
+                times = [_time_block(timers[name], number) for _ in range(blocks)]
+            per_round[name].append(statistics.median(times))
+    return {name: Timing(name, tuple(per_round[name]), plans[name][0] * plans[name][1])
             for name in fns}
 
 
-def noise_band(a: Timing, b: Timing) -> float:
-    """Relative gap ``abs(a - b) / min(a, b)`` between the medians of an A/A pair."""
-    return abs(a.median - b.median) / min(a.median, b.median)
-
-
-def differs(x: Timing, y: Timing, band: float) -> bool:
-    """Whether the medians of ``x`` and ``y`` differ by more than ``band`` (relative)."""
-    return abs(x.median - y.median) / min(x.median, y.median) > band
+# --------------------------------------------------------------------------- statistics
 
 
 @dataclass(frozen=True)
 class Ratio:
-    """Time ratio x / y: median of the per-round ratios and their range.
-
-    Rounds are interleaved, so round ``i`` of ``x`` and of ``y`` ran side by side; the
-    per-round ratio cancels a slow phase of the machine that both saw.
-    """
+    """Time ratio x / y: median of the per-round ratios, their range, and the ratios."""
 
     median: float
     low: float
     high: float
+    per_round: tuple[float, ...] = ()
 
     def __str__(self) -> str:
         return f"{self.median:.2f}x ({self.low:.2f}-{self.high:.2f})"
 
 
-def ratio(x: Timing, y: Timing) -> Ratio:
-    """Per-round ratio ``x / y`` of two candidates of one :func:`interleaved` run."""
+def round_ratios(x: Timing, y: Timing) -> list[float]:
+    """``x_i / y_i`` for every round ``i`` of one :func:`interleaved` run."""
     if len(x.rounds) != len(y.rounds):
         raise ValueError(f"{x.name} and {y.name} have different round counts")
-    per_round = [a / b for a, b in zip(x.rounds, y.rounds, strict=True)]
-    return Ratio(statistics.median(per_round), min(per_round), max(per_round))
+    return [a / b for a, b in zip(x.rounds, y.rounds, strict=True)]
+
+
+def ratio(x: Timing, y: Timing) -> Ratio:
+    """Per-round ratio ``x / y`` of two candidates of one :func:`interleaved` run."""
+    per_round = round_ratios(x, y)
+    return Ratio(statistics.median(per_round), min(per_round), max(per_round),
+                 tuple(per_round))
+
+
+def band_from_ratios(ratios: Iterable[float], quantile: float = BAND_QUANTILE) -> float:
+    """The A/A band of pooled per-round A/A ratios: ``exp(q) - 1`` with ``q`` the
+    ``quantile`` (nearest rank, rounding up) of ``|log ratio|``; NaN without ratios.
+
+    >>> round(band_from_ratios([1.02, 0.95, 1.01, 1.10]), 3)
+    0.1
+    """
+    logs = sorted(abs(math.log(r)) for r in ratios)
+    if not logs:
+        return math.nan
+    if not 0 < quantile <= 1:
+        raise ValueError(f"quantile must be in (0, 1], got {quantile!r}")
+    return math.exp(logs[math.ceil(quantile * len(logs)) - 1]) - 1
+
+
+def aa_band(pairs: Iterable[tuple[Timing, Timing]], quantile: float = BAND_QUANTILE) -> float:
+    """The noise band of a run, pooled over the per-round ratios of *all* its A/A pairs
+    (each pair: two candidates running the same kernel); see :func:`band_from_ratios`."""
+    return band_from_ratios([r for a, b in pairs for r in round_ratios(a, b)], quantile)
+
+
+def noise_band(a: Timing, b: Timing) -> float:
+    """The band of one A/A pair alone (:func:`aa_band` over ``[(a, b)]``).
+
+    One pair is a noisy estimate of the noise: pool every pair of a run with
+    :func:`aa_band` where a run has several.
+    """
+    return aa_band([(a, b)])
+
+
+def sign_test(above: int, n: int) -> float:
+    """One-sided sign-test p-value: ``P(K >= above)`` for ``K ~ Binomial(n, 1/2)``.
+
+    >>> sign_test(7, 7)
+    0.0078125
+    """
+    if not 0 <= above <= n:
+        raise ValueError(f"need 0 <= above <= n, got above={above}, n={n}")
+    return sum(math.comb(n, k) for k in range(above, n + 1)) / 2**n
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of :func:`compare`: ``verdict`` is slower, faster, within noise or ``?``
+    (no band); ``above``/``below`` count rounds beyond the band's edges; ``p_value`` is the
+    two-sided sign-test p-value of the side with more rounds beyond its edge."""
+
+    ratio: Ratio
+    band: float
+    above: int
+    below: int
+    p_value: float
+    verdict: str
+
+    def __str__(self) -> str:
+        band = "n/a" if math.isnan(self.band) else f"{self.band:.0%}"
+        return f"{self.ratio} (A/A band {band}, p={self.p_value:.3f}): {self.verdict}"
+
+
+def verdict_of(ratios: Sequence[float], band: float, alpha: float = ALPHA) -> Verdict:
+    """The sign-test verdict of per-round ratios against ``band`` (module docstring, step 5)."""
+    if not ratios:
+        raise ValueError("ratios: need at least one per-round ratio")
+    summary = Ratio(statistics.median(ratios), min(ratios), max(ratios), tuple(ratios))
+    if math.isnan(band):
+        return Verdict(summary, band, 0, 0, math.nan, "?")
+    if band < 0:
+        raise ValueError(f"band must be >= 0, got {band!r}")
+    n = len(ratios)
+    above = sum(r > 1 + band for r in ratios)
+    below = sum(r < 1 / (1 + band) for r in ratios)
+    p = min(1.0, 2 * sign_test(max(above, below), n))
+    if p <= alpha and above > below:
+        word = "slower"
+    elif p <= alpha and below > above:
+        word = "faster"
+    else:
+        word = "within noise"
+    return Verdict(summary, band, above, below, p, word)
+
+
+def compare(x: Timing, y: Timing, band: float, alpha: float = ALPHA) -> Verdict:
+    """Is ``x`` slower or faster than ``y`` (same run) beyond the A/A ``band``? A sign test."""
+    return verdict_of(round_ratios(x, y), band, alpha)
+
+
+def differs(x: Timing, y: Timing, band: float) -> bool:
+    """Whether :func:`compare` finds ``x`` and ``y`` different (slower or faster)."""
+    return compare(x, y, band).verdict in ("slower", "faster")
+
+
+# ----------------------------------------------------------------------- NumPy's threads
 
 
 @contextlib.contextmanager
@@ -149,8 +319,10 @@ def blas_threads(threads: int) -> Iterator[str]:
     """Limit NumPy's BLAS (and OpenMP pools threadpoolctl sees) to ``threads`` inside the block.
 
     Yields a description of what was limited, for reports. Without ``threadpoolctl``
-    installed nothing is limited and the description says so.
+    installed nothing is limited and the description says so. ``threads`` must be a
+    positive int (``ValueError`` before anything is limited).
     """
+    check_threads(threads)
     try:
         from threadpoolctl import threadpool_limits
     except ImportError:

@@ -442,6 +442,27 @@ def growth(quick: bool = False) -> list[dict[str, object]]:
             for (b, d, g), pts in sorted(series.items())]
 
 
+def onednn_layouts() -> list[dict[str, object]]:
+    """oneDNN's convolution primitives for a full backward of a 3-channel 5x5 stem and a
+    32-channel 3x3 conv (float32): the implementation and the memory descriptors it logs.
+    The channel block (``aBcd8b``: 8, ``aBcd16b``: 16, plain ``abcd``) fixes how oneDNN
+    splits its sums, so it depends on the ISA setting."""
+    from convlab.lab.profiling import onednn_trace
+
+    convs = {"3-channel 5x5 stem": _case(32, 3, 16, 32, 5, padding=2),
+             "3x3, 32 ch": accuracy_layers()["3x3, 32 ch"]}
+    rows = []
+    for name, case in convs.items():
+        if not served(case, torch.float32)[:1] == [("mkldnn", "Mkldnn")]:
+            continue
+        calls = onednn_trace(lambda case=case: _backward(case, "mkldnn"))
+        for c in calls:
+            if c.op == "convolution":
+                rows.append({"conv": name, "prop": c.prop, "impl": c.impl,
+                             "layouts": c.layouts})
+    return rows
+
+
 def record(quick: bool = False) -> dict[str, object]:
     """Chapter 10's measurements on this machine and ISA setting, JSON-serialisable: the
     bf16/fp16 routing, run-to-run and thread-count bit equality, the accuracy table and
@@ -456,4 +477,5 @@ def record(quick: bool = False) -> dict[str, object]:
         "accuracy": accuracy(quick),
         "growth": growth(quick),
         "float64_worst_rel": max(e.rel for e in f64.values()),
+        "onednn_layouts": onednn_layouts(),
     }

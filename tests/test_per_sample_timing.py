@@ -59,18 +59,18 @@ def test_record_quick_structure(monkeypatch: pytest.MonkeyPatch) -> None:
         assert all(p["im2col_over_grouped"] > 0 for p in rec["sweep"][axis])
 
 
-def test_verdict_needs_every_round_on_one_side() -> None:
-    assert pst.verdict([1.3, 1.4, 1.5], band=0.1) == "slower"
-    assert pst.verdict([0.7, 0.8, 0.75], band=0.1) == "faster"
-    assert pst.verdict([0.9, 1.4, 1.5], band=0.1) == "within noise"  # a round below 1
-    assert pst.verdict([1.05, 1.06, 1.07], band=0.1) == "within noise"  # inside the band
+def test_verdict_is_the_timing_sign_test() -> None:
+    assert pst.verdict([1.3] * 7, band=0.1)["verdict"] == "slower"
+    assert pst.verdict([0.75] * 7, band=0.1)["verdict"] == "faster"
+    assert pst.verdict([0.9] + [1.4] * 6, band=0.1)["verdict"] == "within noise"
+    assert pst.verdict([1.05] * 7, band=0.1)["verdict"] == "within noise"  # inside the band
 
 
 def test_crossover_sentences() -> None:
-    def pts(*ratios: float) -> list[dict[str, object]]:
-        return [{"n": 2**i, "im2col_over_grouped": r} for i, r in enumerate(ratios)]
+    def pts(*verdicts: str) -> list[dict[str, object]]:
+        return [{"n": 2**i, "verdict": v} for i, v in enumerate(verdicts)]
 
-    assert pst.crossover(pts(1.2, 1.3), "n") == "grouped faster at every n measured (1-2)"
-    assert pst.crossover(pts(0.8, 0.9), "n") == "im2col faster at every n measured (1-2)"
-    assert pst.crossover(pts(0.8, 1.2, 1.5), "n") == (
-        "im2col faster at n = 1, grouped faster from n = 2")
+    assert pst.crossover(pts("slower", "slower"), "n") == "n = 1-2: grouped faster"
+    assert pst.crossover(pts("faster"), "n") == "n = 1: im2col faster"
+    assert pst.crossover(pts("within noise", "slower", "slower"), "n") == (
+        "n = 1: within noise; n = 2-4: grouped faster")

@@ -20,7 +20,6 @@ Opacus and BackPACK are optional: without them their rows are recorded as
 from __future__ import annotations
 
 import importlib.util
-import math
 import statistics
 from collections.abc import Callable, Mapping
 
@@ -28,9 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
 
+from convlab.lab import timing
 from convlab.scratch.per_sample import per_sample_weight_grad
 
-__all__ = ["LAYER", "crossover", "record", "routes", "sweep", "verdict"]
+__all__ = ["LAYER", "compare", "crossover", "record", "routes", "sweep", "verdict"]
 
 # The timed layer: N, C_in, C_out, image side, kernel side (3x3, padding 1, float32).
 LAYER: tuple[int, int, int, int, int] = (8, 16, 32, 32, 3)
@@ -131,22 +131,18 @@ def _ratios(a: tuple[float, ...], b: tuple[float, ...]) -> list[float]:
     return [p / q for p, q in zip(a, b, strict=True)]
 
 
-def verdict(ratios: list[float], band: float) -> str:
-    """``"slower"``/``"faster"`` when every per-round ratio lies on one side of 1 and their
-    median outside ``[1 / (1 + band), 1 + band]`` (a sign test over the rounds: with 5
-    rounds all on one side, p = 0.0625 two-sided), else ``"within noise"``."""
-    med = statistics.median(ratios)
-    if all(r > 1 for r in ratios) and med > 1 + band:
-        return "slower"
-    if all(r < 1 for r in ratios) and med < 1 / (1 + band):
-        return "faster"
-    return "within noise"
+def _interleaved(fns: Mapping[str, Callable[[], object]], quick: bool,
+                 min_run_time: float = 0.1) -> dict[str, timing.Timing]:
+    """:func:`convlab.lab.timing.interleaved` on one thread (fewer rounds and calls if quick)."""
+    if quick:
+        return timing.interleaved(fns, rounds=3, min_run_time=0.01, threads=1, min_calls=3)
+    return timing.interleaved(fns, rounds=7, min_run_time=min_run_time, threads=1)
 
 
-def _interleaved(fns: Mapping[str, Callable[[], object]], rounds: int, min_run_time: float):
-    from convlab.lab import timing
-
-    return timing.interleaved(fns, rounds=rounds, min_run_time=min_run_time, threads=1)
+def verdict(ratios: list[float], band: float) -> dict[str, object]:
+    """:func:`convlab.lab.timing.verdict_of` as JSON: the sign-test verdict and p-value."""
+    v = timing.verdict_of(ratios, band)
+    return {"verdict": v.verdict, "p_value": v.p_value}
 
 
 def _peak_mb(fn: Callable[[], object]) -> float:
@@ -174,12 +170,10 @@ def compare(quick: bool = False) -> dict[str, object]:
             rows[name] = {}
         fns[name] = fn
     fns["convlab grouped (again)"] = fns["convlab grouped"]
-    rounds, min_run_time = (3, 0.02) if quick else (7, 0.1)
-    timings = _interleaved(fns, rounds, min_run_time)
+    timings = _interleaved(fns, quick)
     base = timings["convlab grouped"]
     aa = _ratios(timings["convlab grouped (again)"].rounds, base.rounds)
-    band = max(abs(math.log(r)) for r in aa)
-    band = math.exp(band) - 1
+    band = timing.band_from_ratios(aa)
     for name, t in timings.items():
         if name == "convlab grouped (again)":
             continue
@@ -189,13 +183,13 @@ def compare(quick: bool = False) -> dict[str, object]:
             "median_s": t.median, "min_s": min(t.rounds), "max_s": max(t.rounds),
             "calls_per_round": t.calls_per_round, "ratio_vs_grouped": statistics.median(ratios),
             "round_ratios": ratios,
-            "verdict": "-" if name == "convlab grouped" else verdict(ratios, band),
+            **({"verdict": "-"} if name == "convlab grouped" else verdict(ratios, band)),
             "peak_mb": _peak_mb(fns[name]),
         })
     import torch.nn.utils._expanded_weights.conv_utils as ew
 
     return {"layer": dict(zip(("n", "c_in", "c_out", "size", "kernel"), LAYER, strict=True)),
-            "threads": 1, "rounds": rounds, "aa_round_ratios": aa, "aa_band": band,
+            "threads": 1, "rounds": len(base.rounds), "aa_round_ratios": aa, "aa_band": band,
             "expanded_weights_threshold": ew.THRESHOLD, "routes": rows}
 
 
@@ -207,7 +201,7 @@ def sweep(quick: bool = False) -> dict[str, object]:
             "positions": [(8, s) for s in (4, 8, 16, 32, 64)]}
     if quick:
         axes = {"N": [(1, 16), (16, 16)], "positions": [(8, 4), (8, 32)]}
-    out: dict[str, list[dict[str, object]]] = {}
+    out: dict[str, object] = {}
     for axis, points in axes.items():
         fns: dict[str, Callable[[], object]] = {}
         for n, size in points:
@@ -216,29 +210,38 @@ def sweep(quick: bool = False) -> dict[str, object]:
                 fns[f"{method} {n} {size}"] = (
                     lambda x=x, w=w, go=go, m=method:
                     per_sample_weight_grad(x, w.shape, go, padding=1, method=m))
-        t = _interleaved(fns, 3 if quick else 5, 0.02 if quick else 0.05)
-        out[axis] = []
+        mid = points[len(points) // 2]
+        fns["grouped again"] = fns[f"grouped {mid[0]} {mid[1]}"]  # the A/A pair
+        t = _interleaved(fns, quick, min_run_time=0.05)
+        band = timing.band_from_ratios(
+            _ratios(t["grouped again"].rounds, t[f"grouped {mid[0]} {mid[1]}"].rounds))
+        rows = []
         for n, size in points:
             g, i = t[f"grouped {n} {size}"], t[f"im2col {n} {size}"]
             ratios = _ratios(i.rounds, g.rounds)
-            out[axis].append({"n": n, "positions": size * size, "grouped_s": g.median,
-                              "im2col_s": i.median, "im2col_over_grouped":
-                              statistics.median(ratios), "round_ratios": ratios})
+            rows.append({"n": n, "positions": size * size, "grouped_s": g.median,
+                         "im2col_s": i.median, "im2col_over_grouped":
+                         statistics.median(ratios), "round_ratios": ratios,
+                         **verdict(ratios, band)})
+        out[axis] = rows
+        out[f"{axis}_aa_band"] = band
     return out
 
 
 def crossover(points: list[dict[str, object]], key: str) -> str:
-    """Where ``im2col_over_grouped`` crosses 1 along ``key`` (``"n"`` or ``"positions"``):
-    a sentence computed from the points, e.g. ``"grouped faster from n = 4 on"``."""
-    faster = [p["im2col_over_grouped"] > 1 for p in points]
-    if all(faster):
-        return f"grouped faster at every {key} measured ({points[0][key]}-{points[-1][key]})"
-    if not any(faster):
-        return f"im2col faster at every {key} measured ({points[0][key]}-{points[-1][key]})"
-    flips = [f"{'grouped' if b else 'im2col'} faster from {key} = {p[key]}"
-             for a, b, p in zip(faster, faster[1:], points[1:], strict=False) if a != b]
-    first = "grouped" if faster[0] else "im2col"
-    return f"{first} faster at {key} = {points[0][key]}, " + ", then ".join(flips)
+    """Which route wins along ``key`` (``"n"`` or ``"positions"``), as a sentence computed
+    from the points' sign-test verdicts (im2col against grouped), e.g.
+    ``"n = 1-4: within noise; n = 16-64: grouped faster"``."""
+    words = {"slower": "grouped faster", "faster": "im2col faster"}
+    runs: list[tuple[str, object, object]] = []
+    for p in points:
+        word = words.get(str(p.get("verdict")), "within noise")
+        if runs and runs[-1][0] == word:
+            runs[-1] = (word, runs[-1][1], p[key])
+        else:
+            runs.append((word, p[key], p[key]))
+    return "; ".join(f"{key} = {a}{'' if a == b else f'-{b}'}: {word}"
+                     for word, a, b in runs)
 
 
 def record(quick: bool = False) -> dict[str, object]:

@@ -10,15 +10,30 @@
 * pydata-sphinx-theme links Font Awesome twice: as CSS with web fonts and as a 1.5 MB
   script that redraws every icon as SVG. The CSS alone draws the same icons, so the script
   tag is removed from the written pages.
-* ``static/book.css``: content that fits its column (inline code that can break, tables of
-  ``convlab.lab.notebook.Table`` outputs, display math that never widens the page).
+* ``static/book.css`` and ``static/book.js``: content that fits its column (words wrap at
+  word boundaries, wide tables and equations scroll in their box with a visible cue), long
+  outputs that fold, phone drawers that close after a tap, no stale search highlights,
+  40 px tap targets, no fullscreen button on phones, code lines that wrap in print.
+* API signatures show defaults as written in the source (``math.nan``, ``list()``, the
+  lambda's text) instead of their reprs (``nan``, ``<factory>``, ``<function <lambda>>``):
+  ``autodoc_preserve_defaults`` covers functions, :func:`readable_signature` the
+  generated ``__init__`` of dataclasses.
+* The Colab launch button opens the chapter's clean copy under ``colab/`` (written by
+  ``scripts/colab_copies.py``: no MyST syntax), not the book's source notebook.
+* When ``make pdf`` has written ``_build/pdf/book.pdf``, the page's download menu links the
+  whole-book PDF (copied into the site); without that file there is no link.
 
 Enabled in ``_config.yml`` under ``sphinx: local_extensions: {book_html: _ext}``.
 """
 
 from __future__ import annotations
 
+import ast
+import dataclasses
+import inspect
 import re
+import shutil
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +41,19 @@ from docutils import nodes
 from sphinx.application import Sphinx
 
 STATIC = Path(__file__).resolve().parent / "static"
+ROOT = STATIC.parent.parent
+# The whole-book PDF that `make pdf` writes, and its name in the site.
+BOOK_PDF = ROOT / "_build" / "pdf" / "book.pdf"
+SITE_PDF = "book.pdf"
+# Folder of the Colab copies of the chapters (scripts/colab_copies.py).
+COLAB_DIR = "colab"
+COLAB_LINK = re.compile(
+    r'(href="https://colab\.research\.google\.com/github/[^"]*?/blob/[^/"]+/)([^"]*?)([^/"]+\.ipynb)"'
+)
+PRINT_BUTTON = re.compile(r'(<li>\s*<button onclick="window\.print\(\)")')
+# Reprs Python gives defaults that say nothing: a dataclass field's default_factory, a
+# function, a lambda, NaN and infinities.
+OPAQUE_DEFAULT = re.compile(r"^(<factory>|<function .*>|<.* object at 0x[0-9a-f]+>|nan|-?inf)$")
 FONTAWESOME_JS = re.compile(r'\s*<script src="[^"]*/fontawesome/[^"]*/all\.min\.js[^"]*"></script>')
 # TeX delimiters MathJax looks for in raw HTML (e.g. an output's text/html).
 RAW_TEX = re.compile(r"\\\(|\\\[|\$\$")
@@ -92,14 +120,118 @@ def drop_fontawesome_script(app: Sphinx, exception: Exception | None) -> None:
 
 
 def add_static(app: Sphinx) -> None:
-    """Serve ``_ext/static`` and link the book's stylesheet on every page."""
+    """Serve ``_ext/static`` and link the book's stylesheet and script on every page."""
     app.config.html_static_path.append(str(STATIC))
     app.add_css_file("book.css")
+    app.add_js_file("book.js")
+
+
+def _split_params(signature: str) -> list[str]:
+    """The top-level comma-separated parts of ``(a, b=f(1, 2), c=[3])``, without the parens."""
+    inner = signature.strip()[1:-1]
+    parts, depth, start, quote = [], 0, 0, ""
+    for i, char in enumerate(inner):
+        if quote:
+            quote = "" if char == quote and inner[i - 1] != "\\" else quote
+        elif char in "'\"":
+            quote = char
+        elif char in "([{<":
+            depth += 1
+        elif char in ")]}>":
+            depth -= 1
+        elif char == "," and depth == 0:
+            parts.append(inner[start:i].strip())
+            start = i + 1
+    parts.append(inner[start:].strip())
+    return [p for p in parts if p]
+
+
+def _source_default(node: ast.expr, source: str) -> str | None:
+    """A field's default as written: ``field(default_factory=list)`` reads ``list()``."""
+    if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "field":
+        for keyword in node.keywords:
+            if keyword.arg == "default_factory":
+                text = ast.get_source_segment(source, keyword.value)
+                return None if text is None else f"{text}()"
+            if keyword.arg == "default":
+                return ast.get_source_segment(source, keyword.value)
+        return None
+    return ast.get_source_segment(source, node)
+
+
+def field_defaults(cls: type) -> dict[str, str]:
+    """Each dataclass field's default as written in the class body, by field name."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+        tree = ast.parse(source)
+    except (OSError, TypeError, SyntaxError):
+        return {}
+    found = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign) and node.value is not None:
+            target = getattr(node.target, "id", None)
+            text = _source_default(node.value, source)
+            if target and text and "\n" not in text:
+                found[target] = text
+    return found
+
+
+def readable_signature(
+    app: Sphinx, what: str, name: str, obj: Any, options: Any, signature: str | None,
+    return_annotation: str | None,
+) -> tuple[str, str | None] | None:
+    """Replace opaque default reprs of a dataclass's signature with the source's text."""
+    if not signature or not (inspect.isclass(obj) and dataclasses.is_dataclass(obj)):
+        return None
+    written = field_defaults(obj)
+    parts = []
+    for part in _split_params(signature):
+        key, sep, value = part.partition("=")
+        if sep and OPAQUE_DEFAULT.match(value.strip()) and key.strip() in written:
+            part = f"{key}={written[key.strip()]}"
+        parts.append(part)
+    return f"({', '.join(parts)})", return_annotation
+
+
+def colab_copy_links(app: Sphinx, exception: Exception | None) -> None:
+    """Point each page's Colab button at the chapter's clean copy in ``colab/``."""
+    if exception is not None or app.builder.format != "html":
+        return
+    for page in Path(app.outdir).rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        if "colab.research.google.com" not in text:
+            continue
+        new = COLAB_LINK.sub(lambda m: f'{m.group(1)}{COLAB_DIR}/{m.group(3)}"', text)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
+
+
+def link_book_pdf(app: Sphinx, exception: Exception | None) -> None:
+    """Copy ``make pdf``'s book into the site and add it to every page's download menu."""
+    if exception is not None or app.builder.name != "html" or not BOOK_PDF.is_file():
+        return
+    out = Path(app.outdir)
+    shutil.copyfile(BOOK_PDF, out / SITE_PDF)
+    for page in out.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        if 'class="btn-book-pdf' in text:
+            continue
+        href = "../" * (len(page.relative_to(out).parts) - 1) + SITE_PDF
+        item = (f'<li><a href="{href}" class="btn btn-sm btn-book-pdf dropdown-item" '
+                'title="The whole book as one PDF"><span class="btn__icon-container">'
+                '<i class="fas fa-book"></i></span>'
+                '<span class="btn__text-container">book.pdf</span></a></li>\n')
+        new = PRINT_BUTTON.sub(lambda m, item=item: item + m.group(1), text, count=1)
+        if new != text:
+            page.write_text(new, encoding="utf-8")
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("builder-inited", add_static)
+    app.connect("autodoc-process-signature", readable_signature)
+    app.connect("build-finished", colab_copy_links)
+    app.connect("build-finished", link_book_pdf)
     # A late priority, so that scripts added by other handlers (MathJax's) are seen too.
     app.connect("html-page-context", tidy_scripts, priority=900)
     app.connect("build-finished", drop_fontawesome_script)
-    return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.1"}
+    return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.2"}

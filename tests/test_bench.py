@@ -22,7 +22,7 @@ from convlab.lab.timing import Timing
 TINY = Layer("tiny", (2, 3, 9, 8), (4, 3, 3, 3), stride=2, padding=1)
 TINY_T = Layer("tiny_t", (2, 4, 5, 5), (4, 3, 3, 3), stride=2, padding=1, transposed=True,
                output_padding=1)
-FAST = {"rounds": 2, "min_run_time": 0.001, "threads": 1}
+FAST = {"rounds": 2, "min_run_time": 0.001, "threads": 1, "min_calls": 2}
 
 
 @pytest.fixture(scope="module")
@@ -105,25 +105,41 @@ def _result(layer: str, path: str, rounds: tuple[float, ...], backend: str = "-"
 
 def test_aa_band_comparisons_and_warnings() -> None:
     rows = [
-        _result("a", "native", (1.0, 1.0, 1.0), "Mkldnn"),
-        _result("a", "mkldnn", (1.05, 0.98, 1.0), "Mkldnn"),
-        _result("a", "reference", (2.0, 2.2, 1.9)),
-        _result("a", "numpy_ref", (1.02, 1.0, 0.99)),
+        _result("a", "native", (1.0,) * 7, "Mkldnn"),
+        _result("a", "mkldnn", (1.05, 0.98, 1.0, 1.0, 1.01, 0.99, 1.0), "Mkldnn"),
+        _result("a", "reference", (2.0, 2.2, 1.9, 2.1, 2.0, 1.95, 2.05)),
+        _result("a", "numpy_ref", (1.02, 1.0, 0.99, 1.0, 1.0, 1.0, 1.0)),
     ]
-    assert bench.aa_band(rows) == pytest.approx(0.0)  # medians 1.0 and 1.0
+    # per-round ratios of the A/A pair: the largest |log| is log(1.05)
+    assert bench.aa_band(rows) == pytest.approx(0.05)
     bench._fill_ratios(rows)
     by_label = {c.label: c for c in bench.comparisons(rows)}
     ref = by_label["reference / fastest native"]
-    assert ref.ratio.median == pytest.approx(2.0 / 1.0) and ref.verdict == "slower"
-    assert ref.band == bench.run_band(rows, "backward") == 0.0
+    assert ref.ratio.median == pytest.approx(2.0) and ref.verdict == "slower"
+    assert ref.outcome.above == 7 and ref.outcome.p_value == pytest.approx(2 / 128)
+    assert ref.band == bench.run_band(rows) == pytest.approx(0.05)
     assert "numpy_ref / aten slow" not in by_label  # no slow path in this run
     assert bench.noise_warnings(rows) == []
-    noisy = [_result("b", "native", (1.0, 1.0, 1.0), "Mkldnn"),
-             _result("b", "mkldnn", (1.5, 1.5, 1.0), "Mkldnn")]
+    noisy = [_result("b", "native", (1.0,) * 7, "Mkldnn"),
+             _result("b", "mkldnn", (1.5, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0), "Mkldnn")]
     bench._fill_ratios(noisy)
     text = "\n".join(bench.noise_warnings(noisy))
-    assert "A/A pair's medians differ by 50%" in text and "rounds spread" in text
-    assert bench.run_band(rows + noisy, "backward") == pytest.approx(0.5)  # pooled: the max
+    assert "per-round ratios reach 50%" in text and "rounds spread" in text
+    # pooled over both pairs' 14 ratios: rank 14 of 14 is the 1.5 round
+    assert bench.run_band(rows + noisy) == pytest.approx(0.5)
+    # the same 2x with rounds on both sides of the band's edge is no verdict
+    mixed = [*rows[:2], _result("a", "reference", (2.0, 2.2, 1.9, 1.0, 2.0, 1.95, 2.05))]
+    bench._fill_ratios(mixed)
+    assert {c.label: c for c in bench.comparisons(mixed)}[
+        "reference / fastest native"].verdict == "within noise"
+
+
+def test_bench_does_not_import_the_cli() -> None:
+    import subprocess
+
+    code = ("import sys, convlab.lab.bench, convlab.lab.bench_report; sys.exit(any("
+            "m == 'convlab.cli' or m.startswith('convlab.cli.') for m in sys.modules))")
+    assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
 def test_memory_columns_see_the_outputs(report: bench.Report) -> None:
@@ -201,7 +217,7 @@ CLI_FAST = ["--rounds", "1", "--min-run-time", "0.001", "--threads", "1", "--no-
 
 def test_cli_writes_results_prints_spreads_and_ratios(tmp_path, capsys) -> None:
     out = tmp_path / "res"
-    code = bench.main(["--layers", "conv1d", "--paths", "native,reference", "--passes",
+    code = cli.bench_main(["--layers", "conv1d", "--paths", "native,reference", "--passes",
                        "backward", *CLI_FAST, "--out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
@@ -237,7 +253,7 @@ def test_cli_unwritable_out_fails_before_running(tmp_path, capsys, monkeypatch) 
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setattr(bench, "benchmark", lambda *a, **k: pytest.fail("ran anyway"))
-    assert bench.main(["--layers", "conv1d", "--out", str(blocker / "sub")]) == 2
+    assert cli.bench_main(["--layers", "conv1d", "--out", str(blocker / "sub")]) == 2
     assert "out: cannot write to" in capsys.readouterr().err
 
 
@@ -253,7 +269,7 @@ def test_cli_ctrl_c_keeps_finished_layers(tmp_path, capsys, monkeypatch) -> None
 
     monkeypatch.setattr(bench, "_bench_layer", interrupt_second)
     out = tmp_path / "res"
-    code = bench.main(["--layers", "conv1d,cifar5", "--paths", "reference", "--passes",
+    code = cli.bench_main(["--layers", "conv1d,cifar5", "--paths", "reference", "--passes",
                        "backward", *CLI_FAST, "--out", str(out)])
     assert code == cli.INTERRUPTED == 130
     assert "interrupted: wrote the 1 results" in capsys.readouterr().out
@@ -262,7 +278,7 @@ def test_cli_ctrl_c_keeps_finished_layers(tmp_path, capsys, monkeypatch) -> None
 
 
 def test_cli_list(capsys) -> None:
-    assert bench.main(["--list"]) == 0
+    assert cli.bench_main(["--list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert names == [layer.name for layer in bench.SUITE]
 
@@ -299,6 +315,6 @@ def test_cli_quick_defaults(tmp_path, monkeypatch) -> None:
         return report
 
     monkeypatch.setattr(bench, "benchmark", fake)
-    assert bench.main(["--quick", "--out", str(tmp_path)]) == 0
+    assert cli.bench_main(["--quick", "--out", str(tmp_path)]) == 0
     assert seen == {"layers": list(bench.QUICK_LAYERS), "passes": ["backward",
                     "forward_backward"], "rounds": 5, "min_run_time": 0.1, "memory": False}

@@ -91,6 +91,21 @@ def test_bad_arguments(kwargs):
         interleaved({"a": lambda: None}, **kwargs)
 
 
+def test_threads_per_candidate():
+    import torch
+
+    seen: dict[str, set[int]] = {"one": set(), "two": set()}
+    fns = {name: (lambda n=name: seen[n].add(torch.get_num_threads())) for name in seen}
+    before = torch.get_num_threads()
+    interleaved(fns, rounds=2, min_run_time=0.001, min_calls=2, threads={"one": 1, "two": 2})
+    assert seen == {"one": {1}, "two": {2}}
+    assert torch.get_num_threads() == before
+    with pytest.raises(ValueError, match="unknown candidates"):
+        interleaved(fns, threads={"three": 1})
+    with pytest.raises(ValueError, match="threads"):
+        interleaved(fns, threads={"one": 0})
+
+
 @pytest.mark.parametrize("threads", [0, -1, 1.5, "2"])
 def test_blas_threads_rejects_bad_counts(threads):
     with pytest.raises(ValueError, match="threads"), timing.blas_threads(threads):

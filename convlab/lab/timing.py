@@ -130,7 +130,7 @@ def interleaved(
     fns: Mapping[str, Callable[[], object]],
     rounds: int = 7,
     min_run_time: float = 0.1,
-    threads: int | None = None,
+    threads: int | Mapping[str, int] | None = None,
     around: Mapping[str, Callable[[], AbstractContextManager[object]]] | None = None,
     min_calls: int = 20,
     seed: int | None = 0,
@@ -142,7 +142,9 @@ def interleaved(
         rounds: number of rounds (>= 1; >= ``MIN_ROUNDS`` for a verdict); each times every
             candidate once, in an order shuffled per round.
         min_run_time: seconds each candidate runs at least per round.
-        threads: torch threads for the timed calls (default: the current setting).
+        threads: torch threads for the timed calls (default: the current setting), or
+            name -> threads per candidate (e.g. to measure thread scaling side by side;
+            candidates not named get the current setting).
         around: name -> context-manager factory entered around that candidate's warm-up
             and each of its rounds (e.g. a forced backend), so that its set-up is not timed.
         min_calls: calls each candidate runs at least per round (>= 1).
@@ -157,7 +159,14 @@ def interleaved(
             or not min_run_time > 0:
         raise ValueError(f"min_run_time must be positive, got {min_run_time!r}")
     check_threads(min_calls, "min_calls")
-    threads = torch.get_num_threads() if threads is None else check_threads(threads)
+    default = torch.get_num_threads()
+    if isinstance(threads, Mapping):
+        if set(threads) - set(fns):
+            raise ValueError("threads names unknown candidates: "
+                             f"{sorted(set(threads) - set(fns))}")
+        per_fn = {name: check_threads(threads.get(name, default)) for name in fns}
+    else:
+        per_fn = dict.fromkeys(fns, default if threads is None else check_threads(threads))
     around = dict(around or {})
     unknown = set(around) - set(fns)
     if unknown:
@@ -166,12 +175,12 @@ def interleaved(
     def context(name: str) -> AbstractContextManager[object]:
         return around[name]() if name in around else contextlib.nullcontext()
 
-    timers = {name: Timer(stmt="fn()", globals={"fn": fn}, num_threads=threads)
+    timers = {name: Timer(stmt="fn()", globals={"fn": fn}, num_threads=per_fn[name])
               for name, fn in fns.items()}
     plans: dict[str, tuple[int, int]] = {}
-    for name, fn in fns.items():
+    for name in fns:
         with context(name):
-            fn()
+            _time_block(timers[name], 1)  # the warm-up, with the candidate's threads
             start = time.perf_counter()
             _time_block(timers[name], 1)
             plans[name] = plan_calls(time.perf_counter() - start, min_calls, min_run_time)

@@ -1,6 +1,6 @@
 """Run the book and the tests on another torch, the way a Colab reader would.
 
-Usage: python scripts/compat.py --torch 2.9.1 [--keep] [--record]
+Usage: python scripts/compat.py --torch 2.9.1 [--keep] [--record] [--cpp-only]
 
 1. a throwaway venv under .cache/compat/torch-VERSION with that torch from the package
    registry (pip's constraints file on some machines caps torch: it is lifted for this
@@ -9,10 +9,15 @@ Usage: python scripts/compat.py --torch 2.9.1 [--keep] [--record]
    folder is then removed, so every import sees the installed package (as on Colab);
 3. every chapter of _toc.yml executed with nbclient (outputs not compared: the stored
    outputs belong to the pinned torch; an exception fails the chapter);
-4. the test suite run in the copy.
+4. the test suite run in the copy;
+5. the standalone libtorch program (cpp/standalone) built with CMake against that torch and
+   run: its routes must agree (a CUDA wheel without the CUDA toolkit is reported as skipped).
 
-Exit status 0 only if every chapter ran and no test failed. With ``--record`` the result
-becomes one row of book/data/compat.csv (the intro's "Tested with" table).
+``--cpp-only`` does step 5 alone, with nothing but torch installed: the C++ program claims
+libtorch 2.0 and later, older than convlab's own floor (2.4), and this checks that claim.
+
+Exit status 0 only if every chapter ran, no test failed and the C++ program agreed. With
+``--record`` the result becomes one row of book/data/compat.csv (the intro's "Tested with" table).
 """
 
 from __future__ import annotations
@@ -82,6 +87,34 @@ def copy_repository(dest: Path) -> None:
             shutil.copy2(src, target)
 
 
+def standalone_program(py: Path, repo: Path, env: dict[str, str], log: Path) -> str:
+    """Build cpp/standalone with ``py``'s torch and run it: "ok", "FAILED" or "skipped ...".
+
+    The build folder is ``repo/.cache/cpp-standalone/<torch version>`` (cpp/standalone/build.py).
+    "ok" means it built, exited 0, printed "match" for both out= routes, and its
+    ``out-limits`` mode ran to the end.
+    """
+    builder = repo / "cpp" / "standalone" / "build.py"
+    built = subprocess.run([str(py), str(builder)], capture_output=True, text=True,
+                           env=env, cwd=repo, check=False)
+    with log.open("a") as sink:
+        sink.write(f"\n$ {py} {builder}\n{built.stdout}{built.stderr}")
+    if built.returncode != 0:
+        if "is a CUDA build" in built.stderr:
+            return "skipped (CUDA wheel, no CUDA toolkit)"
+        return "FAILED (build)"
+    program = built.stdout.strip().splitlines()[-1]
+    outputs = []
+    for cmd in ([program], [program, "out-limits"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False)
+        with log.open("a") as sink:
+            sink.write(f"\n$ {' '.join(cmd)}\n{done.stdout}{done.stderr}")
+        outputs.append(done)
+    agreed = outputs[0].stdout.count("vs convolution_backward: match") == 2
+    ran = all(done.returncode == 0 for done in outputs)
+    return "ok" if ran and agreed else "FAILED"
+
+
 def summary(pytest_output: str) -> str:
     """pytest's closing counts, e.g. '812 passed, 80 skipped'."""
     lines = [ln for ln in pytest_output.splitlines() if re.search(r"\d+ (passed|failed)", ln)]
@@ -112,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", action="store_true", help="keep the venv for a rerun")
     parser.add_argument("--install-only", action="store_true",
                         help="only create the venv (implies --keep)")
+    parser.add_argument("--cpp-only", action="store_true",
+                        help="only build and run the standalone C++ program")
     parser.add_argument("--record", action="store_true",
                         help="write the result into book/data/compat.csv")
     args = parser.parse_args(argv)
@@ -134,9 +169,8 @@ def main(argv: list[str] | None = None) -> int:
 
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    steps = [
-        [str(py), "-m", "pip", "install", "-q", f"torch=={args.torch}", *requirements()],
-    ]
+    tools = [] if args.cpp_only else requirements()
+    steps = [[str(py), "-m", "pip", "install", "-q", f"torch=={args.torch}", *tools]]
     for cmd in steps:
         if run(cmd, log, env=env).returncode:
             print(f"install failed: see {log}", file=sys.stderr)
@@ -144,6 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.install_only:
         return 0
     copy_repository(repo)
+    if args.cpp_only:
+        status = standalone_program(py, repo, env, log)
+        print(f"  C++ program: {status}", flush=True)
+        if not args.keep:
+            shutil.rmtree(repo, ignore_errors=True)
+        return 0 if status == "ok" else 1
     if run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(repo)], log,
            env=env).returncode:
         print(f"installing convlab failed: see {log}", file=sys.stderr)
@@ -171,9 +211,11 @@ def main(argv: list[str] | None = None) -> int:
         sink.write(tests.stdout + tests.stderr)
     counts = summary(tests.stdout)
     print(f"  tests: {counts} (exit {tests.returncode})", flush=True)
+    cpp = standalone_program(py, repo, env, log)
+    print(f"  C++ program: {cpp}", flush=True)
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
 
-    passed = ok == total and tests.returncode == 0
+    passed = ok == total and tests.returncode == 0 and not cpp.startswith("FAILED")
     if args.record:
         record({"torch": version[0].split("+")[0], "python": version[1],
                 "chapters run": f"{ok} of {total}", "tests": counts,

@@ -4,10 +4,12 @@ and its three routes to convolution backward agree with each other and with torc
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -19,6 +21,9 @@ _spec = importlib.util.spec_from_file_location("standalone_build",
                                                ROOT / "cpp" / "standalone" / "build.py")
 standalone = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(standalone)
+_compat_spec = importlib.util.spec_from_file_location("compat", ROOT / "scripts" / "compat.py")
+compat = importlib.util.module_from_spec(_compat_spec)
+_compat_spec.loader.exec_module(compat)
 
 pytestmark = pytest.mark.skipif(
     shutil.which("cmake") is None, reason="cmake is not installed (make test installs it)"
@@ -65,7 +70,66 @@ def test_sums_match_python(program: Path) -> None:
 
 
 def test_empty_batch_without_bias_sizes_aborts(program: Path) -> None:
+    """The abort passes by the program's try/catch: std::terminate, not an exception."""
     out = subprocess.run([str(program), "abort-demo"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == -signal.SIGABRT, (out.returncode, out.stderr)
     assert "returned normally" not in out.stdout
+    assert "caught" not in out.stdout
+    assert "bad_optional_access" in out.stderr
+
+
+def test_out_limits_are_caught_errors(program: Path) -> None:
+    """Each unsupported out= use throws a c10::Error (caught, first line printed)."""
+    out = subprocess.run([str(program), "out-limits"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = dict(line.split(": ", 1) for line in out.stdout.splitlines())
+    assert len(lines) == 3, out.stdout
+    assert "no error" not in lines.values(), out.stdout
+    assert "dtype nullptr" in lines["convolution_backward_out, mask {1, 0, 0}"]
+    assert "bump_version" in lines["_slow_conv2d_backward_out, undefined grad_weight"]
+
+
+def test_builds_without_cmake(program: Path, tmp_path: Path) -> None:
+    """The one compiler command the book prints builds a program that agrees too."""
+    if shutil.which("c++") is None:
+        pytest.skip("no c++ compiler on PATH")
+    exe = tmp_path / "conv_backward"
+    done = subprocess.run(standalone.compile_command(exe), capture_output=True, text=True,
+                          timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("vs convolution_backward: match") == 2
+
+
+def test_compat_step_on_the_installed_torch(program: Path, tmp_path: Path) -> None:
+    """scripts/compat.py's C++ step, run with this interpreter on this checkout."""
+    log = tmp_path / "log.txt"
+    log.write_text("")
+    status = compat.standalone_program(Path(sys.executable), ROOT, dict(os.environ), log)
+    assert status == "ok", log.read_text()[-3000:]
+    assert "vs convolution_backward: match" in log.read_text()
+
+
+@pytest.mark.parametrize(
+    ("build_output", "expected"),
+    [("print(PROGRAM)", "FAILED"),
+     ("sys.exit('torch 2.0.1 is a CUDA build; its CMake config needs ...')",
+      "skipped (CUDA wheel, no CUDA toolkit)"),
+     ("sys.exit('cmake failed')", "FAILED (build)")],
+)
+def test_compat_step_reports_failures(tmp_path: Path, build_output: str, expected: str) -> None:
+    """A program that disagrees, a CUDA wheel without toolkit, a failed build: never "ok"."""
+    fake = tmp_path / "fake_program"
+    fake.write_text("#!/bin/sh\necho 'convolution_backward_out vs convolution_backward: "
+                    "MISMATCH'\nexit 1\n")
+    fake.chmod(0o755)
+    builder = tmp_path / "cpp" / "standalone" / "build.py"
+    builder.parent.mkdir(parents=True)
+    builder.write_text(f"import sys\nPROGRAM = {str(fake)!r}\n{build_output}\n")
+    log = tmp_path / "log.txt"
+    log.write_text("")
+    assert compat.standalone_program(Path(sys.executable), tmp_path, dict(os.environ),
+                                     log) == expected

@@ -1,6 +1,7 @@
 """Configure (once) and build the standalone libtorch program; print the executable's path.
 
-Usage: ``python cpp/standalone/build.py``. The build folder is
+Usage: ``python cpp/standalone/build.py`` (``--print-flags``: the compiler command that builds
+it without CMake, with the installed wheel's paths). The build folder is
 ``.cache/cpp-standalone/<torch version>`` at the repository root, reused between runs (a
 second build only relinks what changed). CMake finds libtorch through the installed wheel
 (``torch.utils.cmake_prefix_path``). The CMake config of a CUDA build of torch looks for
@@ -22,6 +23,25 @@ BUILD = SOURCE.parents[1] / ".cache" / "cpp-standalone" / torch.__version__
 
 class CudaToolkitMissing(RuntimeError):
     """torch is a CUDA build, whose CMake config needs the CUDA toolkit, and none is found."""
+
+
+def compile_command(output: Path, source: Path = SOURCE / "main.cpp") -> list[str]:
+    """The one ``c++`` command that compiles and links ``source`` without CMake.
+
+    Include and library folders come from the installed wheel
+    (``torch.utils.cpp_extension``), the ABI macro from the value torch was built with
+    (wheels before 2.7 use the old ABI, ``_GLIBCXX_USE_CXX11_ABI=0``), and ``-rpath`` lets
+    the program find libtorch next to the wheel at run time. CPU libraries only: a CUDA
+    program also links ``torch_cuda`` and the CUDA runtime.
+    """
+    from torch.utils import cpp_extension
+
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    includes = [f"-I{p}" for p in cpp_extension.include_paths()]
+    (libdir,) = cpp_extension.library_paths()
+    return ["c++", "-std=c++17", "-O1", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes,
+            str(source), "-o", str(output), f"-L{libdir}", f"-Wl,-rpath,{libdir}",
+            "-ltorch", "-ltorch_cpu", "-lc10"]
 
 
 def build(source: Path = SOURCE, build_dir: Path = BUILD) -> Path:
@@ -57,6 +77,9 @@ def build(source: Path = SOURCE, build_dir: Path = BUILD) -> Path:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:] == ["--print-flags"]:
+        print(" ".join(compile_command(Path("conv_backward"))))
+        sys.exit(0)
     try:
         print(build())
     except RuntimeError as err:

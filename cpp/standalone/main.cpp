@@ -5,7 +5,10 @@
 //      (generated out= variant: it computes into temporaries, then copies);
 //   3. at::_slow_conv2d_backward_out: the im2col kernel's op, into caller
 //      buffers.
-// Run with the argument "abort-demo" to make the empty-batch call that aborts.
+// Run with the argument "abort-demo" to make the empty-batch call that aborts,
+// or "out-limits" to print the errors of the out= calls' unsupported uses.
+// Builds against libtorch 2.0 and later: c10::nullopt (not c10::nullopt)
+// converts to at::OptionalIntArrayRef in every one of them.
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -16,9 +19,13 @@
 #include <ATen/ops/empty.h>
 #include <ATen/ops/randn.h>
 
+#include <c10/util/Exception.h>
+
 #include <algorithm>
+#include <functional>
 #include <array>
 #include <cstdio>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -31,6 +38,17 @@ double max_diff(const at::Tensor& a, const at::Tensor& b) {
 
 const char* verdict(double diff) {
   return diff < 1e-10 ? "match" : "MISMATCH";
+}
+
+// Runs `call` and prints the first line of the c10::Error it throws.
+void first_error_line(const char* label, const std::function<void()>& call) {
+  try {
+    call();
+    std::printf("%s: no error\n", label);
+  } catch (const c10::Error& err) {
+    const std::string what = err.what_without_backtrace();
+    std::printf("%s: %s\n", label, what.substr(0, what.find('\n')).c_str());
+  }
 }
 
 // Names of the ops that start while the recorder is installed (main thread
@@ -53,19 +71,53 @@ int main(int argc, char** argv) {
 
   if (argc > 1 && std::string(argv[1]) == "abort-demo") {
     // Empty batch, bias_sizes=nullopt, grad_bias requested: the Empty branch
-    // reads the missing bias sizes and the process aborts (bad optional
-    // access).
+    // dereferences the missing bias sizes. OptionalArrayRef's operator* is
+    // noexcept, so its bad_optional_access calls std::terminate: the catch
+    // below never runs and the process aborts.
     auto x = at::randn({0, 3, 8, 8}, opts), w = at::randn({4, 3, 3, 3}, opts);
     auto go = at::randn({0, 4, 8, 8}, opts);
-    at::convolution_backward(go, x, w, std::nullopt, stride, padding,
-                             dilation, false, output_padding, 1, mask);
+    try {
+      at::convolution_backward(go, x, w, c10::nullopt, stride, padding,
+                               dilation, false, output_padding, 1, mask);
+    } catch (const std::exception& err) {
+      std::printf("caught: %s\n", err.what());
+      return 1;
+    }
     std::puts("returned normally");
     return 0;
   }
 
   auto x = at::randn({2, 3, 8, 8}, opts);
   auto w = at::randn({4, 3, 3, 3}, opts);
-  auto y = at::convolution(x, w, std::nullopt, stride, padding, dilation, false,
+  if (argc > 1 && std::string(argv[1]) == "out-limits") {
+    // The uses of the two out= calls that throw (each error is caught).
+    auto go = at::randn({2, 4, 8, 8}, opts);
+    const std::array<int64_t, 1> bias_sizes{4};
+    auto buffers = [&] {
+      return std::array<at::Tensor, 3>{at::empty({0}, opts),
+                                       at::empty({0}, opts),
+                                       at::empty({0}, opts)};
+    };
+    first_error_line("convolution_backward_out, mask {1, 0, 0}", [&] {
+      auto b = buffers();
+      at::convolution_backward_out(b[0], b[1], b[2], go, x, w, bias_sizes,
+                                   stride, padding, dilation, false,
+                                   output_padding, 1, {true, false, false});
+    });
+    first_error_line("convolution_backward_out, undefined out1, out2", [&] {
+      at::Tensor gi = at::empty({0}, opts), none1, none2;
+      at::convolution_backward_out(gi, none1, none2, go, x, w, bias_sizes,
+                                   stride, padding, dilation, false,
+                                   output_padding, 1, {true, false, false});
+    });
+    first_error_line("_slow_conv2d_backward_out, undefined grad_weight", [&] {
+      at::Tensor gi = at::empty({0}, opts), none1, none2;
+      at::_slow_conv2d_backward_out(gi, none1, none2, go, x, w,
+                                    w.sizes().slice(2), stride, padding);
+    });
+    return 0;
+  }
+  auto y = at::convolution(x, w, c10::nullopt, stride, padding, dilation, false,
                            output_padding, 1);
   auto go = at::randn(y.sizes(), opts);
   const std::array<int64_t, 1> bias_sizes{4};

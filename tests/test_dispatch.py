@@ -17,6 +17,7 @@ from convlab.aten.dispatch import (
     trace_conv,
 )
 from convlab.cli import main as cli_main
+from convlab.cli import trace as trace_cli
 
 
 @pytest.fixture(autouse=True)
@@ -136,7 +137,7 @@ def test_profile_ops_writes_nothing_to_stderr(capfd: pytest.CaptureFixture[str])
 def test_make_conv_validates() -> None:
     with pytest.raises(ValueError, match="groups=3 must divide"):
         make_conv([2, 4, 9, 9], [6, 4, 3, 3], groups=3)
-    with pytest.raises(ValueError, match="at least 3 dims"):
+    with pytest.raises(ValueError, match="3, 4 or 5 dims"):
         make_conv([2, 4], [6, 4])
     conv = make_conv([2, 4, 9, 9], [6, 4, 3, 3], channels_last=True, bias=False)
     assert conv.input.is_contiguous(memory_format=torch.channels_last) and conv.bias is None
@@ -154,7 +155,7 @@ def test_cli_trace_prints_the_trace(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_cli_trace_transposed_3d_and_forced(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = dispatch.main(["--input", "1,2,4,4,4", "--weight", "2,3,2,2,2", "--transposed",
+    rc = trace_cli.main(["--input", "1,2,4,4,4", "--weight", "2,3,2,2,2", "--transposed",
                         "--stride", "2", "--dtype", "float64", "--backend", "slow"])
     out = capsys.readouterr().out
     assert rc == 0
@@ -163,20 +164,75 @@ def test_cli_trace_transposed_3d_and_forced(capsys: pytest.CaptureFixture[str]) 
 
 
 def test_cli_trace_reports_bad_input(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = dispatch.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--groups", "3"])
+    rc = trace_cli.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--groups", "3"])
     assert rc == 2
     assert "groups=3 must divide in_channels=4" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        dispatch.main(["--input", "2,x"])
-    rc = dispatch.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--dtype", "float64",
+        trace_cli.main(["--input", "2,x"])
+    rc = trace_cli.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--dtype", "float64",
                         "--backend", "mkldnn"])
     assert rc == 2 and "cannot serve" in capsys.readouterr().err
 
 
 @pytest.mark.cuda
 def test_cuda_trace_shows_cudnn(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = dispatch.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--device", "cuda"])
+    rc = trace_cli.main(["--input", "2,4,9,9", "--weight", "6,4,3,3", "--device", "cuda"])
     out = capsys.readouterr().out
     assert rc == 0
     expect = "Cudnn" if "cudnn" in available_backends("cuda") else "Slow2d"
     assert out.count(expect) >= 2
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--device", "cuda"], "cuda"),  # D6: no traceback on a CPU-only build
+    (["--input", "1,3,8,8,8,8", "--weight", "4,3,3,3,3,3"], "3, 4 or 5 dims"),  # D7
+    (["--padding", str(2**70)], "padding"),  # D8: beyond int64
+    (["--stride", str(2**63)], "stride"),
+    (["--stride", "0"], "stride"),
+])
+def test_cli_trace_bad_input_is_one_line_exit_2(argv, match, capsys) -> None:
+    if argv[:2] == ["--device", "cuda"] and torch.cuda.is_available():
+        pytest.skip("CUDA is available here")
+    rc = trace_cli.main(["--input", "1,3,8,8", "--weight", "4,3,3,3", *argv[:]] if
+                        "--input" not in argv else argv)
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert len(err.strip().splitlines()) == 1 and match in err and "Traceback" not in err
+
+
+def test_make_conv_rejects_4d_spatial_and_non_float() -> None:
+    with pytest.raises(ValueError, match="3, 4 or 5 dims"):
+        make_conv([1, 3, 8, 8, 8, 8], [4, 3, 3, 3, 3, 3])
+    with pytest.raises(TypeError, match="floating"):
+        make_conv([1, 3, 8, 8], [4, 3, 3, 3], dtype=torch.int32)
+
+
+def test_dispatch_does_not_import_the_lab() -> None:
+    import ast
+    import inspect
+
+    tree = ast.parse(inspect.getsource(dispatch))
+    modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    assert not [m for m in modules if m and m.startswith("convlab.lab")]
+
+
+def test_profile_op_tree_is_safe_from_two_threads() -> None:
+    import threading
+
+    x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
+    results, errors = [], []
+
+    def work() -> None:
+        try:
+            for _ in range(3):
+                results.append(profile_op_tree(lambda: torch.nn.functional.conv2d(x, w)))
+        except Exception as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len(results) == 6
+    assert all(r[:2] == [(0, "aten::conv2d"), (1, "aten::convolution")] for r in results)

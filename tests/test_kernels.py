@@ -18,6 +18,7 @@ from convlab.aten.kernels import (
     trace_kernels,
 )
 from convlab.aten.native import available_backends
+from convlab.cli import trace as trace_cli
 
 needs_gdb = pytest.mark.skipif(
     shutil.which("gdb") is None and shutil.which("cuda-gdb") is None,
@@ -106,11 +107,11 @@ def test_case_from_cli_args() -> None:
         transposed=False, groups=1, no_bias=False, dtype=torch.float64, device="cpu",
         backend="nnpack",
     )
-    case = kernels.case_from_args(args)
+    case = trace_cli.case_from_args(args)
     assert case.dilation == 2 and case.dtype == "float64" and case.disable == ("mkldnn",)
     args.stride = [1, 2]
     with pytest.raises(ValueError, match="--stride"):
-        kernels.case_from_args(args)
+        trace_cli.case_from_args(args)
 
 
 def test_nm_finds_every_cpu_kernel() -> None:
@@ -138,3 +139,56 @@ def test_falls_back_to_names_without_nm(monkeypatch: pytest.MonkeyPatch, tmp_pat
     script = kernels._trace_script(tmp_path, kernels._torch_libs(), kernels.CPU_KERNELS)
     assert "break 'at::native::(anonymous namespace)::mkldnn_convolution_backward'" in script
     assert "python" not in script.splitlines()
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(stride=0), "stride"),
+    (dict(padding=-1), "padding"),
+    (dict(weight_shape=(4, 2, 3, 3)), "channels"),
+    (dict(dtype="int32"), "floating"),
+    (dict(dtype="nonsense"), "dtype"),
+    (dict(groups=0), "groups"),
+])
+def test_conv_case_validates_before_a_debugger_starts(kwargs, match) -> None:
+    base = dict(label="x", input_shape=(2, 3, 8, 8), weight_shape=(4, 3, 3, 3))
+    start = time.perf_counter()
+    with pytest.raises(ValueError, match=match):
+        ConvCase(**{**base, **kwargs})
+    assert time.perf_counter() - start < 1.0  # rejected at once, no gdb run
+
+
+def test_trace_kernels_rejects_bad_timeout_and_debugger() -> None:
+    case = CPU_CASES["Slow2d"]
+    for timeout in (0, -1, float("nan"), True):
+        with pytest.raises(ValueError, match="timeout"):
+            trace_kernels([case], timeout=timeout)
+    with pytest.raises(ValueError, match="debugger"):
+        trace_kernels([case], debugger="/no/such/gdb")
+
+
+def test_cli_args_keep_output_padding_and_channels_last() -> None:
+    args = SimpleNamespace(
+        input=[2, 4, 5, 5], weight=[4, 3, 3, 3], stride=[2], padding=[1], dilation=[1],
+        output_padding=[1], transposed=True, groups=1, no_bias=True, dtype=torch.float32,
+        device="cpu", backend=None, channels_last=True,
+    )
+    case = trace_cli.case_from_args(args)
+    assert case.output_padding == 1 and case.channels_last and case.transposed
+
+
+@pytest.mark.slow
+def test_traced_case_uses_output_padding_and_channels_last() -> None:
+    if kernels.ptrace_refusal() or shutil.which("gdb") is None:
+        pytest.skip("needs gdb and ptrace")
+    case = ConvCase("t", (2, 4, 5, 5), (4, 3, 3, 3), dtype="float64", stride=2,
+                    transposed=True, output_padding=1, channels_last=True)
+    (trace,) = trace_kernels([case])
+    assert trace.backend == "SlowTranspose2d"
+    assert trace.kernel == "slow_conv_transpose2d_backward_cpu"
+
+
+def test_backward_kernel_map_labels_what_was_traced() -> None:
+    assert kernels.backward_kernel("Slow2d", "cpu") == ("slow_conv2d_backward_cpu", True)
+    name, checked = kernels.backward_kernel("Cudnn", "cuda")
+    assert name == "cudnn_convolution_backward" and not checked
+    assert "raises" in kernels.backward_kernel("Xnnpack2d", "cpu")[0]

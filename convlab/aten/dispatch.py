@@ -10,14 +10,12 @@ Two views of the same call:
 * :func:`profile_op_tree`, built on ``torch.profiler``: the nested op names, down to the
   backend's kernel op (``aten::_convolution -> aten::mkldnn_convolution``).
 
-:func:`trace_conv` / :func:`profile_conv` build one convolution and run both passes;
-:func:`main` is the ``convlab trace`` command.
+:func:`trace_conv` / :func:`profile_conv` build one convolution and run both passes; the
+``convlab trace`` command is :mod:`convlab.cli.trace`.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,8 +24,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from convlab.aten.backends import BACKEND_CHOICES, select_backend, use_backend
-from convlab.lab.profiling import redirect_fd
+from convlab.aten.backends import select_backend, use_backend
+from convlab.aten.capture import PROFILER_LOCK, redirect_fd
 from convlab.scratch.params import ConvParams, IntOrSeq
 
 # Ops whose arguments start like aten::convolution's: (input, weight, bias, stride, padding,
@@ -181,8 +179,12 @@ def make_conv(
     >>> list(c.forward().shape)
     [2, 6, 6, 6]
     """
-    if len(weight_shape) < 3:
-        raise ValueError(f"weight shape must have at least 3 dims, got {list(weight_shape)}")
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    if len(weight_shape) not in (3, 4, 5):
+        raise ValueError(
+            f"weight shape must have 3, 4 or 5 dims (a 1-, 2- or 3-d convolution; torch has "
+            f"no 4-d one), got {list(weight_shape)}")
     p = ConvParams.create(len(weight_shape) - 2, stride, padding, dilation, transposed,
                           output_padding, groups)
     out_channels = weight_shape[1] * groups if transposed else weight_shape[0]
@@ -263,14 +265,15 @@ def profile_op_tree(fn: Callable[[], object], hide: bool = True) -> list[tuple[i
     """
     from torch.profiler import ProfilerActivity, profile
 
-    prof = profile(activities=[ProfilerActivity.CPU])
-    with redirect_fd(2):  # kineto logs profiler start/stop lines to C++ stderr
-        prof.__enter__()
-    try:
-        fn()
-    finally:
-        with redirect_fd(2):
-            prof.__exit__(None, None, None)
+    with PROFILER_LOCK:  # torch's profiler is not re-entrant: one profile at a time
+        prof = profile(activities=[ProfilerActivity.CPU])
+        with redirect_fd(2):  # kineto logs profiler start/stop lines to C++ stderr
+            prof.__enter__()
+        try:
+            fn()
+        finally:
+            with redirect_fd(2):
+                prof.__exit__(None, None, None)
     events = sorted(prof.events(), key=lambda e: (e.time_range.start, -e.time_range.end))
     rows: list[tuple[int, str]] = []
 
@@ -306,89 +309,3 @@ def profile_conv(conv: ConvSetup, backend: str | None = None) -> dict[str, list[
 def format_tree(rows: Sequence[tuple[int, str]], indent: str = "  ") -> str:
     """Indented op names, one per line."""
     return "\n".join(f"{indent * depth}{name}" for depth, name in rows)
-
-
-# --- convlab trace ----------------------------------------------------------------------------
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected comma-separated ints such as 8,64,56,56, got {text!r}"
-        ) from None
-
-
-def _dtype(text: str) -> torch.dtype:
-    value = getattr(torch, text, None)
-    if not isinstance(value, torch.dtype) or not value.is_floating_point:
-        raise argparse.ArgumentTypeError(f"expected a floating dtype such as float32, got {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The ``convlab trace`` argument parser."""
-    ap = argparse.ArgumentParser(
-        prog="convlab trace",
-        description="Trace the ATen ops (and the conv backend ATen selects) of one "
-        "convolution's forward and backward.",
-    )
-    ap.add_argument("--input", type=_int_list, default=[8, 64, 56, 56],
-                    help="input shape N,C,*spatial (default 8,64,56,56)")
-    ap.add_argument("--weight", type=_int_list, default=[64, 64, 3, 3],
-                    help="weight shape (default 64,64,3,3)")
-    ap.add_argument("--stride", type=_int_list, default=[1])
-    ap.add_argument("--padding", type=_int_list, default=[1])
-    ap.add_argument("--dilation", type=_int_list, default=[1])
-    ap.add_argument("--output-padding", type=_int_list, default=[0])
-    ap.add_argument("--groups", type=int, default=1)
-    ap.add_argument("--transposed", action="store_true", help="a transposed convolution")
-    ap.add_argument("--no-bias", action="store_true", help="no bias tensor")
-    ap.add_argument("--dtype", type=_dtype, default=torch.float32)
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--channels-last", action="store_true", help="channels_last memory format")
-    ap.add_argument("--backend", choices=BACKEND_CHOICES, help="force a backend (use_backend)")
-    ap.add_argument("--profile", action="store_true",
-                    help="also print the profiler's nested op names")
-    ap.add_argument("--kernels", action="store_true",
-                    help="trace the C++ functions the backward ran, under gdb "
-                    "(convlab.aten.kernels)")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``convlab trace [options]``: print the op trace of one conv's forward and backward."""
-    args = build_parser().parse_args(argv)
-    if args.kernels:
-        from convlab.aten.kernels import main_from_args
-
-        return main_from_args(args)
-    try:
-        conv = make_conv(
-            args.input, args.weight, not args.no_bias, args.stride, args.padding, args.dilation,
-            args.transposed, args.output_padding, args.groups, args.dtype, args.device,
-            args.channels_last,
-        )
-        rec = trace_conv(conv, args.backend)
-        trees = profile_conv(conv, args.backend) if args.profile else None
-    except (TypeError, ValueError, RuntimeError) as exc:
-        print(f"convlab trace: error: {exc}", file=sys.stderr)
-        return 2
-    kind = "conv_transpose" if args.transposed else "conv"
-    print(f"{kind}{conv.params.dim}d  input {list(conv.input.shape)}  weight "
-          f"{list(conv.weight.shape)}  bias {conv.bias is not None}  {args.dtype}  "
-          f"{conv.input.device}")
-    print(f"params: {conv.params}")
-    print(f"flags: mkldnn={torch.backends.mkldnn.enabled} "
-          f"nnpack={torch._C._get_nnpack_enabled()} cudnn={torch.backends.cudnn.enabled} "
-          f"threads={torch.get_num_threads()}"
-          + (f"  forced backend: {args.backend}" if args.backend else ""))
-    print()
-    print(rec.table())
-    if trees is not None:
-        for phase, rows in trees.items():
-            print(f"\nprofiler, {phase}:")
-            print(format_tree(rows))
-    return 0
-

@@ -18,7 +18,7 @@ is imported. They are set by address (offsets read with binutils' ``nm``, throug
 Python API), so gdb never loads libtorch's huge symbol table; without ``nm`` they are set
 by name, which costs a few more seconds.
 
-:func:`main_from_args` is ``convlab trace --kernels``.
+``convlab trace --kernels`` (:mod:`convlab.cli.trace`) runs it for one layer.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
+
+from convlab.scratch.params import ConvParams
 
 # Functions a breakpoint is put on: (name for gdb, short name in the trace). Anonymous
 # namespaces are spelled as gdb demangles them.
@@ -101,8 +103,11 @@ class ConvCase:
     groups: int = 1
     bias: bool = True
     disable: tuple[str, ...] = ()
+    output_padding: int = 0
+    channels_last: bool = False
 
     def __post_init__(self) -> None:
+        """Validate everything before a debugger starts (ConvParams: the shared rules)."""
         if len(self.input_shape) not in (4, 5) or len(self.weight_shape) != len(
             self.input_shape
         ):
@@ -110,11 +115,16 @@ class ConvCase:
                 f"input_shape and weight_shape must both have 4 or 5 entries, got "
                 f"{self.input_shape} and {self.weight_shape}"
             )
-        if not isinstance(getattr(torch, self.dtype, None), torch.dtype):
-            raise ValueError(f"dtype must name a torch dtype, got {self.dtype!r}")
+        dtype = getattr(torch, str(self.dtype), None)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise ValueError(f"dtype must name a floating torch dtype, got {self.dtype!r}")
         unknown = set(self.disable) - {"mkldnn", "nnpack"}
         if unknown:
             raise ValueError(f"disable accepts 'mkldnn' and 'nnpack', got {sorted(unknown)}")
+        p = ConvParams.create(len(self.weight_shape) - 2, self.stride, self.padding,
+                              self.dilation, self.transposed, self.output_padding, self.groups)
+        out = self.weight_shape[1] * p.groups if p.transposed else self.weight_shape[0]
+        p.check_shapes(self.input_shape, self.weight_shape, (out,) if self.bias else None)
 
 
 @dataclass
@@ -177,6 +187,38 @@ EXPECTED_CPU_KERNEL: dict[str, str] = {
     "Empty": "convolution_backward",  # fills zeros itself, no kernel below
 }
 
+# Other devices' backward kernels, as convolution_backward's switch calls them (from source,
+# not run: Convolution.cpp, cuda/, cudnn/, miopen/, mps/). Key: (backend, device type).
+OTHER_KERNEL: dict[tuple[str, str], str] = {
+    **{(b, "cuda"): k.replace("_cpu", "_cuda") for b, k in EXPECTED_CPU_KERNEL.items()
+       if b.startswith("Slow")},
+    ("CudaDepthwise2d", "cuda"): "conv_depthwise2d_backward_cuda",
+    ("CudaDepthwise3d", "cuda"): "conv_depthwise3d_backward_cuda",
+    ("Cudnn", "cuda"): "cudnn_convolution_backward",
+    ("CudnnTranspose", "cuda"): "cudnn_convolution_transpose_backward",
+    ("Miopen", "hip"): "miopen_convolution_backward",
+    ("MiopenDepthwise", "hip"): "miopen_depthwise_convolution_backward",
+    ("MiopenTranspose", "hip"): "miopen_convolution_transpose_backward",
+    ("Mps", "mps"): "mps_convolution_backward",
+    ("MpsTranspose", "mps"): "mps_convolution_transpose_backward",
+}
+
+
+def backward_kernel(backend: str, device: str = "cpu") -> tuple[str, bool]:
+    """The function ``convolution_backward`` ends in for ``backend`` on ``device``, and
+    whether that entry was traced on this CPU build (``True``) or is from source."""
+    if backend in ("Xnnpack2d", "Winograd3x3Depthwise"):
+        return "none: inference only, convolution_backward raises", False
+    if backend == "Overrideable":
+        return "convolution_backward_overrideable (the device's own kernel)", False
+    if device == "cpu" and backend in EXPECTED_CPU_KERNEL:
+        return EXPECTED_CPU_KERNEL[backend], True
+    if backend in ("Empty", "MkldnnEmpty"):
+        return "convolution_backward (zeros, no kernel)", False
+    return OTHER_KERNEL.get((backend, "cuda" if device == "hip" and backend.startswith(
+        ("Slow", "Cudnn")) else device), f"unknown for {backend} on {device}"), False
+
+
 # The program run under the debugger: cases come as JSON (argv[1]), the selected backends go
 # to argv[2]. os.kill(SIGTRAP) hands control to the debugger once torch is imported.
 _SNIPPET = """\
@@ -191,8 +233,13 @@ FWD = {(4, False): F.conv2d, (5, False): F.conv3d,
 chosen = []
 for c in cases:
     dtype = getattr(torch, c["dtype"])
-    x = torch.randn(c["input_shape"], dtype=dtype, requires_grad=True)
-    w = torch.randn(c["weight_shape"], dtype=dtype, requires_grad=True)
+    x = torch.randn(c["input_shape"], dtype=dtype)
+    w = torch.randn(c["weight_shape"], dtype=dtype)
+    if c["channels_last"]:
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        x, w = x.to(memory_format=fmt), w.to(memory_format=fmt)
+    x.requires_grad_(True)
+    w.requires_grad_(True)
     out_ch = w.shape[1] * c["groups"] if c["transposed"] else w.shape[0]
     b = torch.randn(out_ch, dtype=dtype, requires_grad=True) if c["bias"] else None
     nd = x.dim() - 2
@@ -200,9 +247,11 @@ for c in cases:
     with torch.backends.mkldnn.flags(enabled="mkldnn" not in c["disable"]), \\
             torch.backends.nnpack.flags(enabled="nnpack" not in c["disable"]):
         chosen.append(int(torch._C._select_conv_backend(
-            x, w, b, *args, c["transposed"], [0] * nd, c["groups"])))
+            x, w, b, *args, c["transposed"], [c["output_padding"]] * nd, c["groups"])))
         kw = dict(stride=args[0], padding=args[1], dilation=args[2],
                   groups=c["groups"])
+        if c["transposed"]:
+            kw["output_padding"] = [c["output_padding"]] * nd
         y = FWD[x.dim(), c["transposed"]](x, w, b, **kw)
         g = torch.ones_like(y)
         os.getsid(0)
@@ -401,6 +450,11 @@ def trace_kernels(
     for c in cases:
         if not isinstance(c, ConvCase):
             raise TypeError(f"cases must be ConvCase objects, got {type(c).__name__}")
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, got {timeout!r}")
+    if debugger is not None and not (os.path.isfile(debugger)
+                                     and os.access(debugger, os.X_OK)):
+        raise ValueError(f"debugger: {debugger!r} is not an executable file")
     gdb = debugger or find_debugger()
     refusal = ptrace_refusal()
     if refusal:
@@ -418,8 +472,11 @@ def trace_kernels(
                sys.executable, str(work / "snippet.py"), str(work / "cases.json"),
                str(work / "chosen.json")]
         env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env,
-                              check=False)
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                                  env=env, check=False)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the debugger did not finish within {timeout:g} s") from None
         log = proc.stdout + proc.stderr
         if _refused(log):
             raise RuntimeError(
@@ -439,45 +496,3 @@ def trace_table(traces: Sequence[KernelTrace]) -> tuple[list[str], list[list[str
     """Headers and rows (case, selected backend, innermost kernel) for ``Table``."""
     headers = ["case", "backend", "kernel its backward ran"]
     return headers, [[t.case.label, t.backend, t.kernel] for t in traces]
-
-
-# --- convlab trace --kernels ---------------------------------------------------------------
-
-
-def case_from_args(args: object) -> ConvCase:
-    """A :class:`ConvCase` from ``convlab trace``'s parsed arguments (square sizes only)."""
-    def one(values: Sequence[int], name: str) -> int:
-        if len(set(values)) != 1:
-            raise ValueError(f"--kernels takes one value for --{name}, got {list(values)}")
-        return int(values[0])
-
-    disable: tuple[str, ...] = ()
-    backend = getattr(args, "backend", None)
-    if backend == "slow":
-        disable = ("mkldnn", "nnpack")
-    elif backend == "nnpack":
-        disable = ("mkldnn",)
-    elif backend not in (None, "mkldnn"):
-        raise ValueError(f"--kernels traces CPU backends only, got --backend {backend}")
-    if getattr(args, "device", "cpu") != "cpu":
-        raise ValueError("--kernels traces CPU tensors only")
-    return ConvCase(
-        label="trace", input_shape=tuple(args.input), weight_shape=tuple(args.weight),
-        dtype=str(args.dtype).removeprefix("torch."), stride=one(args.stride, "stride"),
-        padding=one(args.padding, "padding"), dilation=one(args.dilation, "dilation"),
-        transposed=bool(args.transposed), groups=int(args.groups), bias=not args.no_bias,
-        disable=disable,
-    )
-
-
-def main_from_args(args: object) -> int:
-    """Trace one case built from ``convlab trace`` arguments; print backend and call path."""
-    try:
-        case = case_from_args(args)
-        (trace,) = trace_kernels([case])
-    except (TypeError, ValueError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(f"convlab trace --kernels: error: {exc}", file=sys.stderr)
-        return 2
-    print(f"backend: {trace.backend}")
-    print(f"backward ran: {trace.path}")
-    return 0

@@ -558,14 +558,10 @@ class Rule:
 
 
 def _rec(name: str, fn: Callable[[_Ctx], bool], source: str = CC) -> Callable[[_Ctx], bool]:
-    """Run a predicate one level deeper and record its value as a top-level term."""
-    def test(c: _Ctx) -> bool:
-        c.depth += 1
+    """Record a predicate's value as a top-level term, before its sub-terms."""
+    def test(c: _Ctx) -> bool:  # fn records its own sub-terms one level deeper
         start = len(c.terms)
-        try:
-            value = fn(c)
-        finally:
-            c.depth -= 1
+        value = fn(c)
         c.terms.insert(start, Term(name, bool(value), "see the terms below", source, c.depth))
         return value
     return test

@@ -1,56 +1,19 @@
-"""The ``convlab`` command (also ``python -m convlab``).
+"""``convlab bench``: options, argument checks and the printed report.
 
-Each subcommand exposes ``main(argv: list[str]) -> int`` in the module that owns the
-concept; this file routes to it and holds the ``bench`` command's options. Arguments are
-checked before any work: a bad one is a one-line error and exit status 2. An interrupted
-``bench`` (Ctrl-C) writes the layers it finished and exits with status 130.
+The measuring is :mod:`convlab.lab.bench`; this module only parses, checks every argument
+before any work (a bad one: one line, exit 2), runs and prints. An interrupted run (Ctrl-C)
+writes the layers it finished and exits with status 130.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import sys
 import time
 from collections.abc import Callable, Sequence
 
-COMMANDS: dict[str, tuple[str, str]] = {
-    "doctor": (
-        "convlab.lab.doctor", "environment, backends, a quick correctness check of every path"
-    ),
-    "trace": (
-        "convlab.aten.dispatch", "the ATen ops (and backend) of a conv layer's forward+backward"
-    ),
-    "bench": ("convlab.lab.bench", "time every path side by side (interleaved rounds, A/A band)"),
-}
 INTERRUPTED = 130
-
-
-def usage() -> str:
-    """The top-level help text."""
-    lines = ["usage: convlab COMMAND [options]", "", "commands:"]
-    lines += [f"  {name:<8} {help_}" for name, (_, help_) in COMMANDS.items()]
-    lines += ["", "Run `convlab COMMAND --help` for the options of one command."]
-    return "\n".join(lines)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Route ``argv`` to a subcommand's ``main``; return its exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in {"-h", "--help", "help"}:
-        print(usage())
-        return 0
-    name, rest = argv[0], argv[1:]
-    if name not in COMMANDS:
-        print(f"convlab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
-        return 2
-    module = importlib.import_module(COMMANDS[name][0])
-    try:
-        return int(module.main(rest) or 0)
-    except KeyboardInterrupt:  # bench keeps its finished layers itself; others just stop
-        print(f"convlab {name}: interrupted", file=sys.stderr)
-        return INTERRUPTED
 
 
 def names(text: str) -> list[str]:
@@ -112,7 +75,7 @@ def _progress_printer(stream: object) -> Callable[[str], None]:
     return show
 
 
-def bench_main(argv: Sequence[str] | None = None) -> int:
+def main(argv: Sequence[str] | None = None) -> int:
     """``convlab bench``: check the options, run, print tables and ratios, write files."""
     import torch
 

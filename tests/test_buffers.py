@@ -89,3 +89,41 @@ def test_inference_tensors_are_refused_outside_inference_mode() -> None:
         check_out_buffers({"out": (buf, (3,))}, {})
     with torch.inference_mode():
         check_out_buffers({"out": (buf, (3,))}, {})
+
+
+@pytest.mark.parametrize("how", ["detach", "data"])
+def test_a_detached_window_of_the_wrong_shape_is_refused(how) -> None:
+    """Regression (issue 21 D3): ``big[10:12].detach()`` has no ``_base`` and passed."""
+    big = torch.zeros(100)
+    window = getattr(big[10:12], how)() if how == "detach" else big[10:12].data
+    with pytest.raises(ValueError, match="out has shape \\[2\\], not \\[20\\]"):
+        check_out_buffers({"out": (window, (20,))}, {})
+
+
+def test_a_shrunk_buffer_may_shrink_again_but_not_grow_past_itself() -> None:
+    buf = torch.empty(100).resize_(10)  # its storage still holds 100 floats
+    check_out_buffers({"out": (buf, (5,))}, {})
+    with pytest.raises(ValueError, match="out has shape \\[10\\], not \\[50\\]"):
+        check_out_buffers({"out": (buf, (50,))}, {})
+
+
+@given(spec=view_spec, how=st.sampled_from(["view", "detach", "data"]),
+       need=st.lists(st.integers(0, 30), min_size=1, max_size=2))
+def test_an_accepted_resize_writes_only_inside_the_buffer(spec, how, need) -> None:
+    """Class of D2/D3: windows whose storage is larger than their view. Whatever the check
+    accepts, resizing and filling the buffer changes no element of ``big`` outside it."""
+    big = torch.zeros(200)
+    window = _view(big, spec)
+    buf = {"view": window, "detach": window.detach(), "data": window.data}[how]
+    inside = _addresses(buf)
+    try:
+        check_out_buffers({"out": (buf, tuple(need))}, {})
+    except ValueError as exc:
+        assert "out" in str(exc)
+        return
+    ptr = big.untyped_storage().data_ptr()
+    buf.resize_(need).fill_(1.0)
+    if big.untyped_storage().data_ptr() != ptr:
+        return  # reallocated: only a buffer spanning all of big's storage may do that
+    changed = {ptr + 4 * int(i) for i in torch.nonzero(big.flatten()).flatten()}
+    assert changed <= inside

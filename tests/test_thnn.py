@@ -366,16 +366,43 @@ def test_aliasing_buffers_are_refused_before_any_work() -> None:
             assert t.shape == saved.shape and torch.equal(t, saved), what
 
 
+_WINDOWS = {  # ways to hand over a window on ``big``; only the first is a view to autograd
+    "view": lambda t: t,
+    "detach": lambda t: t.detach(),
+    "data": lambda t: t.data,
+}
+
+
+@pytest.mark.parametrize("how", ["detach", "data"])
+@pytest.mark.parametrize("which", ["finput", "fgrad_input"])
+def test_detached_slice_buffer_is_not_resized_over_its_base(how, which) -> None:
+    """Regression (issue 21 D2): ``big[:10].detach()`` counted as owning its storage, and
+    the resize overwrote thousands of elements of ``big``."""
+    x, w, b = setup_case(2, 2, 3, (6, 6), (3, 3))
+    out, finput = thnn.conv2d_forward(x, w, 3, b, 1, 1)
+    go = torch.randn_like(out)
+    big = torch.full((10_000,), 5.0, dtype=x.dtype)
+    buf = _WINDOWS[how](big[:10])
+    with pytest.raises(ValueError, match=which):
+        if which == "finput":
+            thnn.conv2d_forward(x, w, 3, b, 1, 1, buf)
+        else:
+            thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, buf)
+    assert (big == 5).all() and buf.shape == (10,)
+
+
 @given(st.integers(0, 3), st.integers(1, 3), st.integers(0, 200), st.integers(1, 400),
-       st.sampled_from(["finput", "fgrad_input"]))
-def test_hypothesis_buffers_never_write_outside_their_view(n, k, start, length, which) -> None:
-    """A buffer that is a slice of a bigger tensor: the call either works within the
-    slice or refuses; the rest of the bigger tensor is never written."""
+       st.sampled_from(["finput", "fgrad_input"]), st.sampled_from(sorted(_WINDOWS)))
+def test_hypothesis_buffers_never_write_outside_their_view(n, k, start, length, which,
+                                                           how) -> None:
+    """A buffer that is a window on a bigger tensor's storage (a slice, or its ``.detach()``
+    or ``.data``): the call either works within the window or refuses; the rest of the
+    bigger tensor is never written."""
     x, w, b = setup_case(n, 2, 3, (5, 4), (k, k))
     out, finput = thnn.conv2d_forward(x, w, k, b, 1, 1)
     go = torch.randn_like(out)
     big = torch.full((1000,), 5.0, dtype=x.dtype)
-    view = big[start:start + length]
+    view = _WINDOWS[how](big[start:start + length])
     shape = thnn.columns_shape(x.shape, k, 1, 1)
     if view.numel() == math.prod(shape):
         view = view.view(shape)

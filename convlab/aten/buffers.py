@@ -6,8 +6,9 @@ can then go silently wrong, and :func:`check_out_buffers` rejects both before an
 * **overlap**: an output shares memory with an input or another output, so the kernel
   reads what it has already overwritten (ATen's ``assert_no_overlap`` guards its own
   out= ops the same way);
-* **resizing a view**: ``resize_`` keeps the storage when it is big enough, so a view
-  such as ``big[:10]`` grown to the needed size writes over ``big`` outside the view.
+* **resizing a window**: ``resize_`` keeps the storage when it is big enough, so a view
+  such as ``big[:10]`` (or its ``.detach()``, or ``.data``, which share the storage
+  without being views) grown to the needed size writes over ``big`` outside the window.
 
 Buffers are plain memory with no locking: do not hand the same buffer to calls running in
 two threads at once.
@@ -20,6 +21,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from convlab.scratch.storage import resize_refusal, safe_to_resize, spans_storage
+
 
 def _byte_range(t: torch.Tensor, shape: Sequence[int] | None = None) -> tuple[int, int] | None:
     """``[start, end)`` bytes ``t`` touches (with ``shape``: after a contiguous resize)."""
@@ -27,7 +30,11 @@ def _byte_range(t: torch.Tensor, shape: Sequence[int] | None = None) -> tuple[in
     start = t.untyped_storage().data_ptr() + t.storage_offset() * size
     if shape is not None and tuple(shape) != tuple(t.shape):
         numel = math.prod(shape)
-        return None if numel == 0 else (start, start + numel * size)
+        if numel == 0:
+            return None
+        if spans_storage(t):  # may grow its storage: it covers at least all of it
+            return start, start + max(numel * size, t.untyped_storage().nbytes())
+        return start, start + numel * size
     if t.numel() == 0:
         return None
     lo = sum((n - 1) * s for n, s in zip(t.shape, t.stride(), strict=True) if s < 0)
@@ -54,8 +61,10 @@ def check_out_buffers(
 
     * an output overlapping an input or another output (by memory range, after the resize
       a wrong-shaped buffer will get);
-    * a wrong-shaped output that is a view of another tensor (``buf._base`` is set) or
-      shares its storage with a given tensor: resizing it could write outside it;
+    * a wrong-shaped output whose resize could write outside it: decided from its storage
+      (:func:`convlab.scratch.storage.safe_to_resize`, the rule :mod:`convlab.scratch.thnn`
+      uses too), so a ``big[10:12].detach()`` or ``.data`` window is refused like a view,
+      and one sharing its storage with a given tensor is refused as an alias;
     * an output with internal overlap (``expand``-ed), where one element is written twice;
     * an inference tensor outside ``torch.inference_mode`` (ATen would refuse the in-place
       write with an internal error).
@@ -74,12 +83,8 @@ def check_out_buffers(
                 "torch.inference_mode()"
             )
         resized = tuple(shape) != tuple(buf.shape)
-        if resized and buf._base is not None:
-            raise ValueError(
-                f"{name} has shape {list(buf.shape)}, not {list(shape)}, and is a view of a "
-                "larger tensor: resizing it would write outside the view; pass a tensor of "
-                f"shape {list(shape)} or a fresh torch.empty(0)"
-            )
+        if resized and not safe_to_resize(buf, shape):
+            raise ValueError(resize_refusal(name, buf, shape))
         if not resized and buf.numel() and torch._debug_has_internal_overlap(buf) == 1:
             raise ValueError(f"{name} has internal overlap (e.g. an expanded tensor)")
     names = list(outputs)

@@ -25,13 +25,15 @@ This module re-creates that algorithm and that calling convention, following
 
 Deviations, all on the side of refusing rather than guessing: ``finput=None`` in the
 backward makes convlab recompute the columns (the old op had no such option); a buffer that
-overlaps an input or the other buffer is refused; a buffer is only resized when it owns its
-storage (a view of a bigger tensor must already have the right shape), so nothing outside
-the caller's view is ever written; buffers of another dtype or device are refused. Like the
-original: 2-d only, no dilation, no groups, and an explicit backward (both functions run
-under ``torch.no_grad``). It uses strided copies (im2col/col2im, one per kernel offset) and
-GEMMs, never a native convolution op. A buffer is plain memory without a lock: do not pass
-the same buffer to calls running in different threads at the same time.
+overlaps an input or the other buffer is refused; a buffer is only resized when the resize
+stays inside it or it spans its whole storage (decided from the storage, so a
+``big[:10].detach()`` or ``.data`` slice counts as a window on ``big``; see
+:mod:`convlab.scratch.storage`), so nothing outside the caller's view is ever written;
+buffers of another dtype or device are refused. Like the original: 2-d only, no dilation, no
+groups, and an explicit backward (both functions run under ``torch.no_grad``). It uses
+strided copies (im2col/col2im, one per kernel offset) and GEMMs, never a native convolution
+op. A buffer is plain memory without a lock: do not pass the same buffer to calls running in
+different threads at the same time.
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from convlab.scratch.params import (
     check_tensor,
     normalize,
 )
+from convlab.scratch.storage import resize_refusal, safe_to_resize, spans_storage
 
 
 def _weight_4d(weight: torch.Tensor, kernel: tuple[int, int], input: torch.Tensor) -> torch.Tensor:
@@ -209,18 +212,21 @@ def _check_buffer(buf: object, name: str, input: torch.Tensor) -> torch.Tensor:
 
 def _byte_range(t: torch.Tensor, numel_after: int | None = None) -> tuple[int, int, int]:
     """``(storage id, first byte, end byte)`` of the memory ``t`` covers; ``numel_after``:
-    the elements it will cover once resized (an owned buffer grows from offset 0)."""
+    the elements it will cover once resized (see :func:`convlab.scratch.storage.safe_to_resize`:
+    a buffer spanning its storage grows from offset 0, any other stays inside itself)."""
     ptr = t.untyped_storage().data_ptr()
     if numel_after is not None and t.untyped_storage().nbytes() == 0:
         return ptr, 0, 0  # resizing allocates fresh memory
-    if numel_after is not None:
+    if numel_after is not None and spans_storage(t):
         end = max(t.untyped_storage().nbytes(), numel_after * t.element_size())
         return ptr, 0, end
-    if t.numel() == 0:
-        return ptr, 0, 0
+    start = t.storage_offset() * t.element_size()
+    if numel_after is not None:
+        return ptr, start, start + numel_after * t.element_size()
     extent = 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride(),
                                                                   strict=True))
-    start = t.storage_offset() * t.element_size()
+    if t.numel() == 0:
+        return ptr, 0, 0
     return ptr, start, start + extent * t.element_size()
 
 
@@ -243,23 +249,17 @@ def _check_no_overlap(
                                  f"overlap the inputs or the other buffer")
 
 
-def _owns_storage(buf: torch.Tensor) -> bool:
-    return not buf._is_view() and buf.storage_offset() == 0
-
-
 def _fit(buf: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
     """Give ``buf`` the contiguous ``shape`` in place: as it is when it already has that
-    shape; else ``resize_`` (storage kept when large enough), but only when ``buf`` owns
-    its storage, so that memory outside a caller's view is never written."""
+    shape; else ``resize_`` (storage kept when large enough), but only when
+    :func:`convlab.scratch.storage.safe_to_resize` says the resize writes nothing outside
+    ``buf``: memory outside a caller's view is never written."""
     if tuple(buf.shape) == shape:
         if not buf.is_contiguous():
             raise ValueError(f"{name} must be contiguous, got strides {buf.stride()}")
         return buf
-    if not _owns_storage(buf):
-        raise ValueError(
-            f"{name} is a view of a larger tensor with shape {list(buf.shape)}; resizing it "
-            f"could write outside the view: pass a view of shape {list(shape)} or a tensor "
-            f"that owns its memory")
+    if not safe_to_resize(buf, shape):
+        raise ValueError(resize_refusal(name, buf, shape))
     return buf.resize_(shape)
 
 

@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from convlab.aten.buffers import check_out_buffers
-from convlab.aten.native import aten_bias_sizes, backward_params
+from convlab.aten.native import aten_bias_sizes, backward_params, call_convolution_backward
 from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
@@ -82,7 +82,10 @@ class NativeExtension:
         :func:`convlab.scratch.params.check_bias_sizes`. Returns ``(grad_input, grad_weight,
         grad_bias)``, ``None`` where ``output_mask`` is off; ``grad_bias`` is ``[C_out]``
         (see :func:`convlab.aten.native.aten_bias_sizes`: ATen aborts the process on ``None``
-        with an empty batch).
+        with an empty batch). The operands get the guards of
+        :func:`convlab.aten.native.call_convolution_backward` (canonical strides; dense NCHW
+        for the slow kernels), so this returns what :func:`convlab.aten.native.convolution_backward`
+        does; the raw ``ops.convolution_backward`` gets the tensors as they are.
 
         >>> ext.convolution_backward(go, x, w, None, 1, 0, 1, False, 0, 1,
         ...                          [True, True, False])  # doctest: +SKIP
@@ -92,8 +95,8 @@ class NativeExtension:
         mask = check_output_mask(output_mask)
         out_channels = p.output_shape(tuple(input.shape), tuple(weight.shape))[1]
         sizes = aten_bias_sizes(bias_sizes, out_channels, mask)
-        return self.ops.convolution_backward(
-            grad_output, input, weight, sizes, *p.aten_args(), mask
+        return call_convolution_backward(  # the guards convlab.aten.native applies, too
+            self.ops.convolution_backward, grad_output, input, weight, sizes, p, mask
         )
 
     def slow_conv2d_backward_out(

@@ -12,7 +12,7 @@ here (``convlab.aten.native.select_backend`` and so on).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -44,6 +44,8 @@ __all__ = [  # the re-exports too, so that convlab.aten.native.use_backend etc. 
     "backend_memory_format",
     "backend_name",
     "backward_params",
+    "call_convolution_backward",
+    "canonical_strides",
     "conv2d_input",
     "conv2d_weight",
     "conv_input",
@@ -110,7 +112,28 @@ def _needs_contiguous(backend: str, *tensors: torch.Tensor) -> bool:
     return backend in SLOW_BACKENDS and not all(t.is_contiguous() for t in tensors)
 
 
-def _call_aten(
+def canonical_strides(t: torch.Tensor, fmt: torch.memory_format) -> torch.Tensor:
+    """``t``, or a copy with ``fmt``'s own strides when ``t`` is dense in ``fmt`` without them.
+
+    A dense tensor may carry any stride on a size-1 dimension (``as_strided``, some
+    ``permute`` + ``view`` chains): ``is_contiguous`` ignores those strides, so ATen's
+    ``t.contiguous(fmt)`` hands ``t`` on unchanged, but kernels that read a layout from the
+    raw strides do not ignore them. With a channels-last input, a grouped convolution whose
+    weight is channels-last dense with an odd stride on a size-1 kernel dimension gets a
+    wrong ``grad_input`` from the oneDNN (Mkldnn) backend (plain ``F.conv2d`` autograd too),
+    and in float64 the slow kernel refuses the same weight ("grad_weight must be
+    contiguous"). ``fmt`` is the format ATen runs the convolution in
+    (:func:`convlab.aten.backends.backend_memory_format`, decided from the tensors as given),
+    so the copy changes no decision ATen makes, only the strides the kernel reads.
+    """
+    if t.numel() == 0 or not t.is_contiguous(memory_format=fmt):
+        return t  # empty, or ATen makes it dense in fmt itself (with fmt's own strides)
+    canonical = torch.empty(t.shape, device="meta", memory_format=fmt).stride()
+    return t if t.stride() == canonical else t.clone(memory_format=fmt)
+
+
+def call_convolution_backward(
+    op: Callable[..., Grads],
     grad_output: torch.Tensor,
     input: torch.Tensor,
     weight: torch.Tensor,
@@ -118,15 +141,22 @@ def _call_aten(
     p: ConvParams,
     mask: tuple[bool, bool, bool],
 ) -> Grads:
-    """``aten::convolution_backward`` under the current flags, slow kernels given NCHW."""
+    """Call ``op`` (``aten::convolution_backward`` or the C++ extension's twin) with guarded
+    operands, under the current flags.
+
+    The guards, one place for every backend and route convlab calls: every operand gets
+    canonical strides (:func:`canonical_strides`), and the slow kernels get dense NCHW
+    operands (:func:`_needs_contiguous`), their results put back in the layout ATen gives.
+    """
     args = (bias_sizes, *p.aten_args(), list(mask))
     backend = backend_name(torch._C._select_conv_backend(input, weight, None, *p.aten_args()))
-    if not _needs_contiguous(backend, grad_output, input, weight):
-        return torch.ops.aten.convolution_backward.default(grad_output, input, weight, *args)
     fmt = backend_memory_format(input, weight, backend) if input.dim() > 3 else None
-    grads = torch.ops.aten.convolution_backward.default(
-        grad_output.contiguous(), input.contiguous(), weight.contiguous(), *args
-    )
+    layout = torch.contiguous_format if fmt is None else fmt
+    grad_output, input, weight = (canonical_strides(t, layout)
+                                  for t in (grad_output, input, weight))
+    if not _needs_contiguous(backend, grad_output, input, weight):
+        return op(grad_output, input, weight, *args)
+    grads = op(grad_output.contiguous(), input.contiguous(), weight.contiguous(), *args)
     if fmt is None or fmt == torch.contiguous_format:
         return grads
     # Same layout as ATen's own result: it runs these kernels in `fmt`.
@@ -136,6 +166,18 @@ def _call_aten(
         None if gw is None else gw.contiguous(memory_format=fmt),
         gb,
     )
+
+
+def _call_aten(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: list[int] | None,
+    p: ConvParams,
+    mask: tuple[bool, bool, bool],
+) -> Grads:
+    return call_convolution_backward(torch.ops.aten.convolution_backward.default, grad_output,
+                                     input, weight, bias_sizes, p, mask)
 
 
 def convolution_backward(
@@ -163,9 +205,12 @@ def convolution_backward(
 
     Differences from calling ATen directly, each to avoid a wrong or fatal result:
     ``grad_bias`` always has shape ``[C_out]`` (ATen aborts the process for an empty batch
-    with ``bias_sizes=None``); ATen's slow kernels get dense NCHW operands (one of them,
-    ``_slow_conv2d_backward``, returns a wrong ``grad_weight`` for some channels-last
-    inputs), and the results keep the layout ATen would give.
+    with ``bias_sizes=None``); every operand gets its memory format's canonical strides
+    (a dense tensor with an odd stride on a size-1 dimension gets a wrong ``grad_input``
+    from oneDNN, and plain ``F.conv2d`` autograd too: :func:`canonical_strides`); ATen's
+    slow kernels get dense NCHW operands (one of them, ``_slow_conv2d_backward``, returns a
+    wrong ``grad_weight`` for some channels-last inputs), and the results keep the layout
+    ATen would give.
 
     >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     >>> go = torch.ones(2, 4, 6, 6)

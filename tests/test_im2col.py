@@ -95,3 +95,81 @@ def test_mismatched_ranks_are_named() -> None:
         fn(x, [3, 3], [3, 3], [1], [0, 0], [1, 1], 1)
     with pytest.raises(ValueError, match="input must be"):
         fn(x[0], [3, 3], [3, 3], [1, 1], [0, 0], [1, 1], 1)
+
+
+# --- bad arguments (issue 21 D14): a clear error naming the argument, before any work -------
+
+X = torch.randn(1, 2, 5, 5, dtype=DT)
+GOOD = {"kernel": (3, 3), "out_size": (3, 3), "stride": (1, 1), "padding": (0, 0),
+        "dilation": (1, 1), "groups": 1}
+BAD_IM2COL = [
+    ({"groups": 0}, ValueError, "groups=0"),
+    ({"groups": 3}, ValueError, "groups=3"),
+    ({"groups": True}, TypeError, "groups"),
+    ({"stride": (0, 1)}, ValueError, "stride"),
+    ({"dilation": (1, 0)}, ValueError, "dilation"),
+    ({"padding": (-1, 0)}, ValueError, "padding"),
+    ({"kernel": (0, 3)}, ValueError, "kernel"),
+    ({"kernel": (3,)}, ValueError, "out_size must have 1 entries"),
+    ({"kernel": (3,), "out_size": (3,), "stride": (1,), "padding": (0,), "dilation": (1,)},
+     ValueError, "the input must be"),
+    ({"out_size": (4, 3)}, ValueError, "out_size"),
+    ({"out_size": (2, 2), "stride": (2, 2), "kernel": (3, 4)}, ValueError, "out_size"),
+    ({"stride": (1.5, 1)}, TypeError, "stride"),
+    ({"padding": 1}, TypeError, "padding"),
+    ({"kernel": "33"}, TypeError, "kernel"),
+]
+
+
+@pytest.mark.parametrize("change, error, pattern", BAD_IM2COL, ids=lambda v: str(v)[:30])
+def test_im2col_rejects_bad_arguments(change, error, pattern) -> None:
+    args = {**GOOD, **change}
+    with pytest.raises(error, match=pattern):
+        im2col(X, args["kernel"], args["out_size"], args["stride"], args["padding"],
+               args["dilation"], args["groups"])
+
+
+def test_im2col_and_col2im_reject_numpy_input() -> None:
+    with pytest.raises(TypeError, match="x must be a torch.Tensor"):
+        im2col(X.numpy(), (3, 3), (3, 3), (1, 1), (0, 0), (1, 1), 1)
+    cols = im2col(X, (3, 3), (3, 3), (1, 1), (0, 0), (1, 1), 1)
+    with pytest.raises(TypeError, match="cols must be a torch.Tensor"):
+        col2im(cols.numpy(), X.shape, (3, 3), (3, 3), (1, 1), (0, 0), (1, 1))
+
+
+@pytest.mark.parametrize("change, error, pattern",
+                         [c for c in BAD_IM2COL if "groups" not in c[0]],
+                         ids=lambda v: str(v)[:30])
+def test_col2im_rejects_bad_arguments(change, error, pattern) -> None:
+    cols = im2col(X, (3, 3), (3, 3), (1, 1), (0, 0), (1, 1), 1)
+    args = {**GOOD, **change}
+    with pytest.raises(error, match=pattern):
+        col2im(cols, X.shape, args["kernel"], args["out_size"], args["stride"],
+               args["padding"], args["dilation"])
+
+
+def test_col2im_rejects_columns_of_the_wrong_shape() -> None:
+    cols = im2col(X, (3, 3), (3, 3), (1, 1), (0, 0), (1, 1), 1)
+    for bad in (cols[:, :-1], cols[..., :-1], cols[0], cols.reshape(3, 6, 9)):
+        with pytest.raises(ValueError, match="cols must be"):
+            col2im(bad, X.shape, (3, 3), (3, 3), (1, 1), (0, 0), (1, 1))
+
+
+@settings(max_examples=60, deadline=None)
+@given(kernel=st.lists(st.integers(-1, 4), min_size=1, max_size=3),
+       stride=st.integers(-1, 3), padding=st.integers(-2, 3), dilation=st.integers(-1, 2),
+       out=st.integers(-1, 6), groups=st.integers(-1, 4), size=st.integers(0, 6))
+def test_any_im2col_arguments_work_or_raise_a_named_error(kernel, stride, padding, dilation,
+                                                          out, groups, size) -> None:
+    """Class of D14: whatever the geometry, im2col either returns unfold's entries or raises
+    ValueError/TypeError (never a ZeroDivisionError, RuntimeError or IndexError from torch)."""
+    dim = len(kernel)
+    x = torch.randn(1, 2, *([size] * dim), dtype=DT)
+    args = (kernel, [out] * dim, [stride] * dim, [padding] * dim, [dilation] * dim)
+    try:
+        cols = im2col(x, *args, groups)
+    except (ValueError, TypeError):
+        return
+    back = col2im(cols, x.shape, *args)
+    assert back.shape == x.shape
+    assert cols.shape == (groups, 2 // groups * math.prod(kernel), math.prod([out] * dim))

@@ -22,8 +22,11 @@ import itertools
 import math
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
+
+from convlab.scratch.params import as_int
 
 Ints = Sequence[int]
 
@@ -37,17 +40,61 @@ def _pad_arg(padding: Ints) -> list[int]:
     return [p for pad in reversed(padding) for p in (pad, pad)]
 
 
-def _check_dims(kernel: Ints, out_size: Ints, stride: Ints, padding: Ints, dilation: Ints,
-                shape: Ints) -> None:
+def _ints(value: object, name: str, dim: int | None, minimum: int) -> tuple[int, ...]:
+    """``value`` as a tuple of ints, each ``>= minimum`` (and ``dim`` of them, when given)."""
+    if isinstance(value, torch.Tensor | np.ndarray):
+        value = value.tolist()
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise TypeError(f"{name} must be a sequence of ints, got {type(value).__name__} "
+                        f"{value!r}")
+    items = tuple(as_int(v, f"each entry of {name}") for v in value)
+    if dim is not None and len(items) != dim:
+        raise ValueError(f"{name} must have {dim} entries (one per kernel dimension), "
+                         f"got {list(items)}")
+    if any(v < minimum for v in items):
+        raise ValueError(f"{name} must be >= {minimum} in every dimension, got {list(items)}")
+    return items
+
+
+def _check_args(
+    kernel: object, out_size: object, stride: object, padding: object, dilation: object,
+    shape: object,
+) -> tuple[tuple[int, ...], ...]:
+    """Validate the geometry :func:`im2col` and :func:`col2im` share, before any work.
+
+    Every argument must be a sequence of ints with one entry per kernel dimension;
+    ``kernel``, ``stride``, ``dilation`` >= 1, ``out_size``, ``padding`` >= 0; ``shape`` (the
+    input's) ``[N, C, *size]``; and the last window of every dimension must fit the padded
+    input: ``(out_size - 1) * stride + dilation * (kernel - 1) + 1 <= size + 2 * padding``.
+    """
+    kernel = _ints(kernel, "kernel", None, 1)
     dim = len(kernel)
-    for name, v in (("out_size", out_size), ("stride", stride), ("padding", padding),
-                    ("dilation", dilation)):
-        if len(v) != dim:
-            raise ValueError(f"{name} must have {dim} entries (one per kernel dimension), "
-                             f"got {list(v)}")
+    if dim == 0:
+        raise ValueError("kernel must have at least one entry (one per spatial dimension)")
+    out_size = _ints(out_size, "out_size", dim, 0)
+    stride = _ints(stride, "stride", dim, 1)
+    padding = _ints(padding, "padding", dim, 0)
+    dilation = _ints(dilation, "dilation", dim, 1)
+    shape = _ints(shape, "the input shape", None, 0)
     if len(shape) != dim + 2:
         raise ValueError(f"the input must be [N, C, *size] with {dim} spatial dimensions, "
                          f"got shape {list(shape)}")
+    for i, (o, s, e, size, pad) in enumerate(zip(out_size, stride, _extent(kernel, dilation),
+                                                 shape[2:], padding, strict=True)):
+        if o > 0 and (o - 1) * s + e > size + 2 * pad:
+            raise ValueError(
+                f"out_size={list(out_size)} windows do not fit dimension {i}: the last one "
+                f"ends at ({o} - 1) * stride {s} + extent {e} = {(o - 1) * s + e} > padded "
+                f"size {size} + 2 * {pad}"
+            )
+    return kernel, out_size, stride, padding, dilation, shape
+
+
+def _check_tensor(t: object, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} (convert a "
+                        f"NumPy array with torch.from_numpy, or use convlab.scratch.numpy_ref)")
+    return t
 
 
 def tap_windows(
@@ -95,14 +142,23 @@ def im2col(
     that kernel offset; column ``n * L + flat(position)`` is sample ``n``'s window at that
     output position. ``out_size`` is the number of windows per spatial dimension (normally
     the conv's output size; it may be smaller than what fits). Padding reads as zero.
+    A non-tensor ``x`` raises ``TypeError``; a stride, dilation or kernel below 1, negative
+    padding, ``groups`` that does not divide ``C`` or windows that do not fit the padded
+    input raise ``ValueError`` naming the argument, before any work.
 
     >>> x = torch.arange(16.0).view(1, 1, 4, 4)
     >>> im2col(x, (3, 3), (2, 2), (1, 1), (0, 0), (1, 1), 1).shape
     torch.Size([1, 9, 4])
     """
-    _check_dims(kernel, out_size, stride, padding, dilation, x.shape)
+    x = _check_tensor(x, "x")
+    kernel, out_size, stride, padding, dilation, _ = _check_args(
+        kernel, out_size, stride, padding, dilation, x.shape)
+    groups = as_int(groups, "groups")
     dim = len(kernel)
     n, c = x.shape[:2]
+    if groups < 1 or c % groups:
+        raise ValueError(f"groups={groups} must be a positive divisor of the input's "
+                         f"{c} channels")
     if any(padding):
         x = F.pad(x, _pad_arg(padding))
     win = _windows(x, kernel, out_size, stride, dilation, first=2)  # [N, C, *O, *k]
@@ -134,8 +190,17 @@ def col2im(
             [2., 4., 2.],
             [1., 2., 1.]])
     """
-    _check_dims(kernel, out_size, stride, padding, dilation, input_shape)
+    cols = _check_tensor(cols, "cols")
+    kernel, out_size, stride, padding, dilation, input_shape = _check_args(
+        kernel, out_size, stride, padding, dilation, input_shape)
     n, c = input_shape[:2]
+    want_rows, want_cols = c * math.prod(kernel), n * math.prod(out_size)
+    if (cols.dim() != 3 or cols.shape[0] < 1 or c % cols.shape[0]
+            or cols.shape[0] * cols.shape[1] != want_rows or cols.shape[2] != want_cols):
+        raise ValueError(
+            f"cols must be [G, C/G * prod(kernel), N * prod(out_size)] with G dividing "
+            f"C={c}, prod(kernel)={math.prod(kernel)} and N * prod(out_size)={want_cols}, "
+            f"got shape {list(cols.shape)}")
     spatial = list(input_shape[2:])
     padded = [s + 2 * p for s, p in zip(spatial, padding, strict=True)]
     g = cols.reshape(c, *kernel, n, *out_size)

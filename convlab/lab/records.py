@@ -261,6 +261,17 @@ def merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
+def attach_derived(record: dict[str, Any]) -> dict[str, Any]:
+    """Add what combines two sections of one record: the suite's paths on the roofline
+    (``roofline["fractions"]``, :func:`convlab.lab.roofline.fractions`)."""
+    suite, roof = record["sections"].get("suite"), record["sections"].get("roofline")
+    if suite and roof and "error" not in suite and "error" not in roof:
+        from convlab.lab import roofline
+
+        roof["fractions"] = _clean(roofline.fractions(suite, roof))
+    return record
+
+
 def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = None,
             directory: Path | None = None) -> int:
     """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files."""
@@ -290,7 +301,7 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
             new = json.loads(out.read_text())
         target = record_path(setting.label, folder)
         old = json.loads(target.read_text()) if target.exists() else None
-        merged = merge(old, new)
+        merged = attach_derived(merge(old, new))
         target.write_text(json.dumps(merged, indent=1, allow_nan=False) + "\n")
         errors = [n for n, s in merged["sections"].items() if "error" in s]
         print(f"records: wrote {target}" + (f" (errors in {', '.join(errors)})"

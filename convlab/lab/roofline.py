@@ -1,0 +1,114 @@
+"""The ``roofline`` section of a measurement record: this machine's measured ceilings.
+
+* **Compute**: FLOP/s of the fastest square float32 matmul available, ``torch.mm`` (ATen's
+  BLAS, MKL here) and oneDNN's own matmul (``torch._C._nn.mkldnn_linear`` on ``.to_mkldnn()``
+  tensors), at 1 thread and at all of them. MKL may take a generic code path on a CPU it
+  does not recognise (the fingerprint's ``blas.mkl_path`` says which), so its GEMM is no
+  peak by itself: the faster of the two is.
+* **Memory**: STREAM-like ``copy`` (``b = a``) and ``triad`` (``a = b + s * c``) on float32
+  arrays far larger than the last-level cache, GB/s counted as STREAM does (2 and 3 arrays
+  moved per element; write-allocate traffic not counted), at 1 thread and at all of them.
+
+:func:`fractions` places each path of the ``suite`` section on the roofline: its GFLOP/s
+as a fraction of the peak, its GB/s as a fraction of the triad bandwidth, and its share of
+the roofline bound ``min(peak, intensity * bandwidth)`` where intensity is FLOPs per byte
+the pass must move. A depthwise layer's intensity is a few FLOPs per byte, so its bound is
+the memory line, not the peak.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from convlab.lab.suite import thread_counts, timing_dict
+from convlab.lab.timing import interleaved
+
+FULL = {"rounds": 7, "min_calls": 20, "min_run_time": 0.05, "gemm_n": 1024, "stream_log2": 25}
+QUICK = {"rounds": 3, "min_calls": 3, "min_run_time": 0.01, "gemm_n": 512, "stream_log2": 23}
+TRIAD_SCALAR = 3.0
+
+
+def _gemm_candidates(n: int) -> dict[str, Any]:
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(n, n, generator=gen)
+    b = torch.randn(n, n, generator=gen)
+    fns: dict[str, Any] = {"torch.mm": lambda: torch.mm(a, b)}
+    if torch.backends.mkldnn.is_available():
+        am, bm = a.to_mkldnn(), b.to_mkldnn()
+        fns["onednn matmul"] = lambda: torch._C._nn.mkldnn_linear(am, bm, None)
+    return fns
+
+
+def _stream_candidates(elements: int) -> dict[str, Any]:
+    a = torch.ones(elements)
+    b = torch.full((elements,), 2.0)
+    c = torch.full((elements,), 0.5)
+    return {
+        "copy": lambda: b.copy_(a),
+        "triad": lambda: torch.add(b, c, alpha=TRIAD_SCALAR, out=a),
+    }
+
+
+def record(quick: bool = False) -> dict[str, Any]:
+    """Peak GFLOP/s and STREAM GB/s at 1 and all threads (module docstring)."""
+    cfg = QUICK if quick else FULL
+    counts = thread_counts()
+    n = cfg["gemm_n"]
+    elements = 2 ** cfg["stream_log2"]
+    kinds = {**_gemm_candidates(n), **_stream_candidates(elements)}
+    fns, threads = {}, {}
+    for name, fn in kinds.items():
+        for k in counts:
+            fns[f"{name} x{k}"] = fn
+            threads[f"{name} x{k}"] = k
+    timings = interleaved(fns, rounds=cfg["rounds"], min_run_time=cfg["min_run_time"],
+                          min_calls=cfg["min_calls"], threads=threads)
+    gemm_flops = 2 * n**3
+    moved = {"copy": 2 * 4 * elements, "triad": 3 * 4 * elements}
+    gemm, stream = {}, {}
+    for name in kinds:
+        for k in counts:
+            t = timings[f"{name} x{k}"]
+            if name in moved:
+                stream.setdefault(name, {})[str(k)] = timing_dict(t, None, moved[name])
+            else:
+                gemm.setdefault(name, {})[str(k)] = timing_dict(t, gemm_flops)
+    peak = {str(k): max(gemm[name][str(k)]["gflops"] for name in gemm) for k in counts}
+    best = {str(k): max(gemm, key=lambda name: gemm[name][str(k)]["gflops"]) for k in counts}
+    bandwidth = {str(k): stream["triad"][str(k)]["gbytes_s"] for k in counts}
+    return {
+        "method": {**cfg, "threads": counts, "stream_bytes": "copy 8 B, triad 12 B per "
+                   "element (STREAM's count; write-allocate not counted)",
+                   "array_mib": 4 * elements / 2**20},
+        "gemm": gemm, "stream": stream, "peak_gflops": peak, "peak_from": best,
+        "triad_gbytes_s": bandwidth,
+        "copy_gbytes_s": {str(k): stream["copy"][str(k)]["gbytes_s"] for k in counts},
+    }
+
+
+def fractions(suite: Mapping[str, Any], roofline: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Each suite layer and path (full backward) on this machine's roofline.
+
+    Uses the peak and triad bandwidth at the thread count the suite ran with.
+    """
+    threads = str(suite["method"]["threads"])
+    peak = roofline["peak_gflops"].get(threads) or max(roofline["peak_gflops"].values())
+    bandwidth = roofline["triad_gbytes_s"].get(threads) or max(
+        roofline["triad_gbytes_s"].values())
+    rows = []
+    for layer in suite["layers"]:
+        for path, t in layer["times"].items():
+            intensity = t["flops"] / t["min_bytes"]
+            bound = min(peak, intensity * bandwidth)
+            rows.append({
+                "layer": layer["layer"], "path": path, "backend": t["backend"],
+                "gflops": t["gflops"], "gbytes_s": t["gbytes_s"],
+                "flops_per_byte": intensity, "of_peak": t["gflops"] / peak,
+                "of_bandwidth": t["gbytes_s"] / bandwidth, "bound_gflops": bound,
+                "of_bound": t["gflops"] / bound,
+                "bound_by": "memory" if intensity * bandwidth < peak else "compute",
+            })
+    return rows

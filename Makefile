@@ -13,10 +13,11 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 export PYTHONHASHSEED := 0
 
-.PHONY: help venv book test lint unit nbval notebooks gpu-check bench records compat clean system-deps unit-isa nbval-isa
+.PHONY: help venv book test lint unit nbval notebooks gpu-check bench records compat clean system-deps unit-isa nbval-isa pdf
 
 help:
 	@echo "make book        build the site into _build/html (does not execute notebooks)"
+	@echo "make pdf         the whole book as one PDF (_build/pdf/book.pdf; system Chromium)"
 	@echo "make test        ruff, pytest tests/, the book build, nbval over every chapter; tests"
 	@echo "                 and nbval again under ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default"
 	@echo "make notebooks   re-execute every chapter in place (NB=book/x.ipynb for one)"
@@ -36,6 +37,10 @@ venv: $(STAMP)
 book: $(STAMP)
 	rm -rf _build/html
 	$(VENV)/bin/jupyter-book build . -W -n --keep-going
+
+# One PDF from the HTML (singlehtml + Chromium's print); the next `make book` links it.
+pdf: $(STAMP) system-deps
+	$(PY) scripts/book_pdf.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

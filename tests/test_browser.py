@@ -82,11 +82,13 @@ REDIRECT = re.compile(r'<meta[^>]+http-equiv="refresh"[^>]+url=([^"]+)"', re.I)
 
 
 def colab_link(entry: str) -> str:
-    """The Colab URL the launch button of notebook ``entry`` must carry, from _config.yml."""
+    """The Colab URL the launch button of notebook ``entry`` must carry: its clean copy
+    ``colab/NAME.ipynb`` (scripts/colab_copies.py) in the repository of _config.yml."""
     repo = CONFIG["repository"]
     org_repo = urlsplit(repo["url"]).path.strip("/")
     prefix = repo.get("path_to_book", "").strip("/")
-    path = f"{prefix}/{entry}.ipynb" if prefix else f"{entry}.ipynb"
+    name = f"colab/{Path(entry).name}.ipynb"
+    path = f"{prefix}/{name}" if prefix else name
     colab = CONFIG["launch_buttons"]["colab_url"].rstrip("/")
     return f"{colab}/github/{org_repo}/blob/{repo['branch']}/{path}"
 
@@ -167,14 +169,18 @@ async () => {
     const right = article.getBoundingClientRect().right;
     const scrollers = 'pre, div.output, .cell_output > div, mjx-container[display="true"], '
       + 'div.math-wrapper, div.pst-scrollable-table-container, .table-wrapper';
+    // Tables wider than the column scroll in their box, with the cue (checked apart).
+    const tableBox = 'div.pst-scrollable-table-container, .table-wrapper';
     for (const e of article.querySelectorAll(scrollers)) {
-      if (!e.checkVisibility()) continue;
+      if (!e.checkVisibility() || e.matches(tableBox)) continue;
       if (e.scrollWidth > e.clientWidth + 1) {
         wide.push(`${label(e)} is ${e.scrollWidth} px wide in ${e.clientWidth} px`);
       }
     }
     for (const e of article.querySelectorAll('table, img, figure, mjx-container, dl')) {
-      if (!e.checkVisibility()) continue;
+      if (!e.checkVisibility() || (e.parentElement && e.parentElement.closest(tableBox))) {
+        continue;
+      }
       const r = e.getBoundingClientRect();
       if (r.right > right + 1) {
         wide.push(`${label(e)} sticks out ${Math.round(r.right - right)} px`);
@@ -199,6 +205,73 @@ async () => {
     return {src: i.getAttribute('src'), alt: i.getAttribute('alt') || '',
             caption: cap ? cap.innerText.trim() : ''};
   });
+  // Words broken across lines inside an identifier: a line break between two characters
+  // of [A-Za-z0-9_#] (e.g. grad_inpu|t, #6521|9). Code blocks (pre) do not wrap.
+  const splits = [];
+  const wordChar = /[A-Za-z0-9_#]/;
+  const roots = ['.bd-article', '.bd-sidebar-primary', '.bd-sidebar-secondary']
+    .map(s => document.querySelector(s)).filter(Boolean);
+  const range = document.createRange();
+  for (const root of roots) {
+    const texts = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    for (let n = texts.nextNode(); n; n = texts.nextNode()) {
+      const el = n.parentElement;
+      if (!el || el.closest('pre, script, style, mjx-container, .MathJax')) continue;
+      if (!el.checkVisibility()) continue;
+      const text = n.textContent;
+      for (const m of text.matchAll(/[A-Za-z0-9_#]{2,}/g)) {
+        range.setStart(n, m.index);
+        range.setEnd(n, m.index + m[0].length);
+        const rects = [...range.getClientRects()].filter(r => r.width > 0);
+        if (rects.length < 2 || new Set(rects.map(r => Math.round(r.top))).size < 2) continue;
+        splits.push(`${label(el)}: "${m[0].slice(0, 40)}"`);
+      }
+    }
+  }
+  // Display equations wider than their box (they scroll): the TeX, to find them.
+  const texOf = new Map();
+  if (window.MathJax && MathJax.startup && MathJax.startup.document) {
+    for (const item of MathJax.startup.document.math) {
+      if (item.typesetRoot) texOf.set(item.typesetRoot, item.math);
+    }
+  }
+  const clippedMath = [...document.querySelectorAll('.bd-article mjx-container[display="true"]')]
+    .filter(e => e.checkVisibility() && e.scrollWidth > e.clientWidth + 1)
+    .map(e => `${e.scrollWidth} px in ${e.clientWidth} px: `
+      + (texOf.get(e) || e.textContent || '').trim().replace(/\\s+/g, ' ').slice(0, 90));
+  // Boxes that scroll sideways and whether they show the cue (book.css: a faded edge).
+  const scrollers = [...document.querySelectorAll('.bd-article :is(.pst-scrollable-table-'
+    + 'container, mjx-container[display="true"], div.highlight pre, .cell_output pre)')]
+    .filter(e => e.checkVisibility() && e.scrollWidth > e.clientWidth + 1)
+    .map(e => {
+      const style = getComputedStyle(e);
+      const mask = style.maskImage || style.webkitMaskImage || 'none';
+      return {where: label(e), cue: e.classList.contains('scroll-x') && mask !== 'none'};
+    });
+  // Figures: SVG text size as rendered (matplotlib writes each text as glyph paths under
+  // scale(s -s), s = font size in pt / 100, in a viewBox measured in pt; or as font-size).
+  const svgFigures = [];
+  for (const img of (article ? article.querySelectorAll('img') : [])) {
+    const src = img.currentSrc || img.src;
+    const r = img.getBoundingClientRect();
+    if (!img.checkVisibility() || r.width < 50) continue;
+    const entry = {where: label(img), src: src.split('/').pop(), width: r.width,
+                   natural: img.naturalWidth, svg: /\\.svg(\\?|#|$)/i.test(src)};
+    if (entry.svg) {
+      const text = await (await fetch(src)).text();
+      const box = text.match(/viewBox="\\s*[-\\d.]+[\\s,]+[-\\d.]+[\\s,]+([\\d.]+)/);
+      const sizes = [...text.matchAll(/scale\\(([\\d.]+) -\\1\\)/g)].map(m => 100 * +m[1])
+        .concat([...text.matchAll(/font(?:-size)?:\\s*([\\d.]+)px/g)].map(m => +m[1]));
+      entry.viewWidth = box ? +box[1] : 0;
+      entry.minFontPx = box && sizes.length ? Math.min(...sizes) * r.width / +box[1] : null;
+      entry.intrinsic = box ? +box[1] * 4 / 3 : 0;  // pt -> CSS px
+    }
+    svgFigures.push(entry);
+  }
+  const tables = [...(article ? article.querySelectorAll('table') : [])]
+    .filter(t => t.checkVisibility() && !t.closest('.sig, dl.field-list'))
+    .map(t => ({where: label(t), caption: (t.querySelector('caption') || {innerText: ''})
+      .innerText.trim()}));
   const math = [...document.querySelectorAll('.math')];
   const resources = performance.getEntriesByType('resource').map(r => r.name);
   return {
@@ -223,6 +296,24 @@ async () => {
     sidebar: [...document.querySelectorAll('nav.bd-docs-nav li.toctree-l1 > a')].map(a => ({
       href: a.href, text: a.innerText.trim()})),
     h1: (document.querySelector('.bd-article h1') || {innerText: ''}).innerText.trim(),
+    splits: splits,
+    clippedMath: clippedMath,
+    scrollers: scrollers,
+    svgFigures: svgFigures,
+    tables: tables,
+    folds: document.querySelectorAll('.bd-article button.output-fold').length,
+    fullscreen: [...document.querySelectorAll('.btn-fullscreen-button')]
+      .filter(b => b.checkVisibility()).length,
+    headerButtons: [...document.querySelectorAll('.bd-header-article :is(.btn, .dropdown-'
+      + 'toggle), .bd-header :is(.btn, .pst-navbar-icon)')]
+      .filter(b => b.checkVisibility() && b.getBoundingClientRect().width > 0)
+      .map(b => ({name: b.title || b.dataset.bsOriginalTitle || b.getAttribute('aria-label')
+                    || b.className,
+                  w: b.getBoundingClientRect().width, h: b.getBoundingClientRect().height})),
+    // Bootstrap's tooltips move `title` to `data-bs-original-title`.
+    buttons: [...document.querySelectorAll('a[href], button')].map(a => ({
+      title: a.title || a.dataset.bsOriginalTitle || '', href: a.href || ''}))
+      .filter(a => a.title),
   };
 }
 """
@@ -607,7 +698,7 @@ def landing_structure(tab: object) -> dict:
     return tab.evaluate(
         """() => {
       const art = document.querySelector('.bd-article');
-      const blocks = [...art.querySelectorAll('h2, p, ol, ul, table, div.highlight')];
+      const blocks = [...art.querySelectorAll('h2, h3, p, ol, ul, table, div.highlight')];
       const firstTable = blocks.findIndex(b => b.tagName === 'TABLE');
       const lists = [...art.querySelectorAll('ol')].map(ol => ({
         index: blocks.indexOf(ol),
@@ -615,19 +706,37 @@ def landing_structure(tab: object) -> dict:
         lines: [...ol.children].map(li => li.getBoundingClientRect().height /
           parseFloat(getComputedStyle(li).lineHeight)),
       }));
-      const answers = blocks.map((b, i) => [b, i]).filter(([b]) => {
-        const s = b.querySelector(':scope > strong:first-child');
-        return b.tagName === 'P' && s && s.innerText.trim().endsWith('?');
-      }).map(([, i]) => i);
+      // The questions: headings ending in "?", each with an anchor in the page contents,
+      // answered first by a paragraph that starts in bold.
+      const toc = [...document.querySelectorAll('.bd-sidebar-secondary a[href^="#"]')]
+        .map(a => a.getAttribute('href').slice(1));
+      const questions = blocks.map((b, i) => [b, i]).filter(([b]) =>
+        /^H[23]$/.test(b.tagName) && b.innerText.replace(/#$/, '').trim().endsWith('?'));
+      const answers = questions.map(([, i]) => i);
+      const anchored = questions.map(([b]) => {
+        const id = (b.closest('section[id]') || {}).id;
+        return Boolean(id) && toc.includes(id);
+      });
+      const answeredFirst = questions.map(([, i]) => {
+        const next = blocks[i + 1];
+        return Boolean(next && next.tagName === 'P'
+          && next.firstElementChild && next.firstElementChild.tagName === 'STRONG'
+          && next.innerText.trim().startsWith(next.firstElementChild.innerText.trim()));
+      });
+      const third = questions[2] ? questions[2][0].closest('section') : null;
+      const q3Code = third ? [...third.querySelectorAll('div.highlight')].some(
+        d => d.querySelector('button.copybtn')) : false;
       const start = [...art.querySelectorAll('a')].filter(a =>
         /start with chapter 1/i.test((a.closest('p, li, div') || a).innerText));
-      return {answers, lists, firstTable, start: start.map(a => a.href), n: blocks.length};
+      return {answers, anchored, answeredFirst, q3Code, lists, firstTable,
+              start: start.map(a => a.href), n: blocks.length};
     }"""
     )
 
 
 def test_landing_page_starts_with_answers_then_chapters(site: str, browser: object) -> None:
-    """The three answers first, a numbered chapter list (one link each), "start with chapter 1"."""
+    """The three questions first (headings in the page contents, a bold one-sentence answer
+    each, a code block for the third), a numbered chapter list, "start with chapter 1"."""
     context = new_context(browser, WIDE)
     try:
         result = Visit(pages()[0], WIDE)
@@ -648,7 +757,12 @@ def test_landing_page_starts_with_answers_then_chapters(site: str, browser: obje
             for item, e in zip(ol["items"], entries, strict=True)
         )
     ]
-    assert len(d["answers"]) >= 3, "fewer than three question-and-answer paragraphs"
+    assert len(d["answers"]) >= 3, "fewer than three question headings (ending in '?')"
+    assert all(d["anchored"][:3]), f"a question is not in the page contents: {d['anchored']}"
+    assert all(d["answeredFirst"][:3]), (
+        f"a question is not answered first by a bold sentence: {d['answeredFirst']}"
+    )
+    assert d["q3Code"], "question 3's section has no code block"
     assert chapter_lists, f"no numbered list linking the {len(entries)} chapters in order"
     first_list = chapter_lists[0]
     assert d["answers"][2] < first_list["index"], "the chapter list comes before the answers"
@@ -741,3 +855,291 @@ def test_screenshots_were_saved(visits: dict) -> None:
         for width in VIEWPORTS:
             shot = SHOTS / f"{name}-{width}.png"
             assert shot.is_file() and shot.stat().st_size > 10_000, f"missing or blank {shot}"
+
+
+# ---- Reading on a phone and on a laptop (both widths, every page) ----
+
+MIN_FIGURE_TEXT_PX = 10
+MIN_TAP_PX = 40
+SEARCHES = ("convolution_backward", "thnn_conv2d_backward", "finput")
+
+
+def test_no_word_is_split_mid_identifier(visits: dict) -> None:
+    problems = [f"{v.page} @{v.width}: {s}" for v in visits.values() for s in v.data["splits"]]
+    assert not problems, report(problems)
+
+
+def test_no_display_equation_is_wider_than_the_column(visits: dict) -> None:
+    """At 390 px too: a long equation is split over lines (``aligned``), not cut off."""
+    problems = [
+        f"{v.page} @{v.width}: {m}" for v in visits.values() for m in v.data["clippedMath"]
+    ]
+    assert not problems, report(problems)
+
+
+def test_boxes_that_scroll_sideways_show_a_cue(visits: dict) -> None:
+    problems = [
+        f"{v.page} @{v.width}: {b['where']} scrolls with no cue"
+        for v in visits.values()
+        for b in v.data["scrollers"]
+        if not b["cue"]
+    ]
+    assert not problems, report(problems)
+
+
+def test_figures_are_svg_with_text_of_at_least_10_px(visits: dict) -> None:
+    """Figure text renders >= 10 px at both widths; figures are never drawn larger than made."""
+    problems = []
+    for v in visits.values():
+        for fig in v.data["svgFigures"]:
+            where = f"{v.page} @{v.width}: {fig['where']} ({fig['src'][:20]})"
+            if not fig["svg"]:
+                problems.append(f"{where}: not SVG (re-run the chapter: setup() makes SVG)")
+                continue
+            if fig["minFontPx"] is None:
+                problems.append(f"{where}: no text size found in the SVG")
+            elif fig["minFontPx"] < MIN_FIGURE_TEXT_PX:
+                problems.append(
+                    f"{where}: smallest text {fig['minFontPx']:.1f} px "
+                    f"(figure {fig['width']:.0f} px wide)"
+                )
+            if fig["intrinsic"] and fig["width"] > fig["intrinsic"] + 1:
+                problems.append(f"{where}: stretched to {fig['width']:.0f} px from "
+                                f"{fig['intrinsic']:.0f} px")
+    assert not problems, report(problems)
+
+
+def test_chapter_tables_have_captions(visits: dict) -> None:
+    """Every table in a chapter has a numbered caption (``Table(..., caption=...)``)."""
+    problems = [
+        f"{entry}: {t['where']}"
+        for entry in chapters()
+        for t in visits[f"{entry}.html", WIDE].data["tables"]
+        if not re.match(r"Table \d+\s*\S", t["caption"])
+    ]
+    assert not problems, report(problems)
+
+
+def test_no_fullscreen_button_on_a_phone_and_40_px_tap_targets(visits: dict) -> None:
+    problems = []
+    for v in at(visits, PHONE):
+        if v.data["fullscreen"]:
+            problems.append(f"{v.page}: a fullscreen button")
+        for b in v.data["headerButtons"]:
+            if min(b["w"], b["h"]) < MIN_TAP_PX - 0.5:
+                problems.append(f"{v.page}: {b['name'][:30]} is {b['w']:.0f}x{b['h']:.0f} px")
+    assert not problems, report(problems)
+
+
+def test_chapters_have_edit_and_issue_buttons(visits: dict) -> None:
+    repo = CONFIG["repository"]["url"].rstrip("/")
+    problems = []
+    for entry in chapters():
+        for width in VIEWPORTS:
+            buttons = visits[f"{entry}.html", width].data["buttons"]
+            hrefs = {b["title"]: b["href"] for b in buttons}
+            edit, issue = hrefs.get("Suggest edit", ""), hrefs.get("Open an issue", "")
+            if not edit.startswith(f"{repo}/edit/") or not edit.endswith(f"{entry}.ipynb"):
+                problems.append(f"{entry} @{width}: edit button {edit or 'missing'}")
+            if not issue.startswith(f"{repo}/issues/new"):
+                problems.append(f"{entry} @{width}: issue button {issue or 'missing'}")
+    assert not problems, report(problems)
+
+
+def test_book_pdf_is_linked_only_when_it_exists(visits: dict) -> None:
+    linked = [
+        v.page for v in at(visits, WIDE)
+        if any(urlsplit(h).path.endswith("/book.pdf") for h in v.data["links"])
+    ]
+    if (HTML / "book.pdf").is_file():
+        assert len(linked) == len(at(visits, WIDE)), "pages without the book.pdf link"
+    else:
+        assert not linked, f"book.pdf is linked but not built (make pdf): {linked[:3]}"
+
+
+def first_page_with(visits: dict, key: str) -> str | None:
+    return next((v.page for v in at(visits, WIDE) if v.data[key]), None)
+
+
+@pytest.mark.parametrize("width", [WIDE, PHONE])
+def test_long_outputs_fold_and_unfold(site: str, browser: object, visits: dict,
+                                      width: int) -> None:
+    page = first_page_with(visits, "folds")
+    assert page, "no page has a folded long output (book.js folds outputs over 30 lines)"
+    context = new_context(browser, width)
+    try:
+        result = Visit(page, width)
+        tab = open_page(context, site + page, result)
+        button = tab.locator("button.output-fold").first
+        box = button.locator("xpath=preceding-sibling::*[1]")
+        folded = box.bounding_box()["height"]
+        button.click()
+        opened = box.bounding_box()["height"]
+        button.click()
+        again = box.bounding_box()["height"]
+    finally:
+        context.close()
+    assert opened > folded * 1.3, f"{page}: unfolding grew the output {folded} -> {opened} px"
+    assert abs(again - folded) < 2, f"{page}: folding again gave {again} px, not {folded}"
+    assert not result.errors, report(result.errors)
+
+
+def drawer_open(tab: object, panel: str) -> bool:
+    return visible(tab, panel)
+
+
+def test_phone_drawers_close_after_tapping_an_entry(site: str, browser: object) -> None:
+    """Contents drawer: tap an entry, the page scrolls there and the drawer closes; the
+    chapter drawer closes too; drawer entries are >= 40 px tall."""
+    page = f"{chapters()[0]}.html"
+    context = new_context(browser, PHONE)
+    problems = []
+    try:
+        result = Visit(page, PHONE)
+        tab = open_page(context, site + page, result)
+        for name, button, panel, link in (
+            ("contents", ".secondary-toggle", ".bd-sidebar-secondary", "nav a[href^='#']"),
+            ("chapter list", ".primary-toggle", ".bd-sidebar-primary",
+             "nav.bd-docs-nav a.current, nav.bd-docs-nav li.current > a"),
+        ):
+            tab.locator(button).first.click()
+            tab.wait_for_timeout(400)
+            if not drawer_open(tab, panel):
+                problems.append(f"the {name} drawer did not open")
+                continue
+            heights = tab.evaluate(
+                "(sel) => [...document.querySelectorAll(sel + ' nav a')]"
+                ".filter(a => a.checkVisibility()).map(a => a.getBoundingClientRect().height)",
+                panel,
+            )
+            if heights and min(heights) < MIN_TAP_PX - 0.5:
+                problems.append(f"{name} entries are {min(heights):.0f} px tall")
+            entries = tab.locator(f"{panel} {link}")
+            if entries.count() == 0:
+                problems.append(f"no entry to tap in the {name} drawer")
+                continue
+            entries.nth(min(1, entries.count() - 1)).click()
+            tab.wait_for_timeout(500)
+            if drawer_open(tab, panel):
+                problems.append(f"the {name} drawer stayed open after a tap")
+        problems += result.errors
+    finally:
+        context.close()
+    assert not problems, report(problems)
+
+
+def search_results(tab: object, site: str, query: str) -> list[str]:
+    tab.goto(f"{site}search.html?q={query}", wait_until="load")
+    tab.wait_for_function(
+        "() => { const s = document.querySelector('#search-results');"
+        " return s && (s.querySelectorAll('li').length > 0 || /found|did not match/i"
+        ".test(s.innerText)); }",
+        timeout=20_000,
+    )
+    return tab.evaluate(
+        "() => [...document.querySelectorAll('#search-results li > a')].map(a => a.href)"
+    )
+
+
+@pytest.mark.parametrize("width", [WIDE, PHONE])
+def test_search_ranks_the_landing_page_or_glossary_top_3(
+    site: str, browser: object, width: int
+) -> None:
+    wanted = (f"/{toc_files()[0]}.html", "/glossary.html")
+    context = new_context(browser, width)
+    problems = []
+    try:
+        tab = context.new_page()
+        for query in SEARCHES:
+            hits = [urlsplit(h).path for h in search_results(tab, site, query)]
+            if not any(h.endswith(wanted) for h in hits[:3]):
+                problems.append(f"{query}: top 3 are {[h.rsplit('/', 1)[-1] for h in hits[:3]]}")
+    finally:
+        context.close()
+    assert not problems, report(problems)
+
+
+@pytest.mark.parametrize("width", [WIDE, PHONE])
+def test_search_highlights_only_the_result_page(site: str, browser: object, width: int) -> None:
+    """A result opened from the search shows the matches; the next page shows none."""
+    context = new_context(browser, width)
+    try:
+        tab = context.new_page()
+        hits = search_results(tab, site, "finput")
+        assert hits, "no result for finput"
+        tab.locator("#search-results li > a").first.click()
+        tab.wait_for_load_state("load")
+        tab.wait_for_timeout(300)
+        on_result = tab.evaluate("() => document.querySelectorAll('span.highlighted').length")
+        tab.goto(site + f"{chapters()[-1]}.html", wait_until="load")
+        tab.wait_for_timeout(300)
+        after = tab.evaluate("() => document.querySelectorAll('span.highlighted').length")
+    finally:
+        context.close()
+    assert on_result > 0, "the result page shows no highlighted match"
+    assert after == 0, f"{after} stale highlights on the next page"
+
+
+@pytest.mark.parametrize("width", [WIDE, PHONE])
+def test_search_icon_does_not_cover_the_query(site: str, browser: object, width: int) -> None:
+    page = f"{chapters()[0]}.html"
+    context = new_context(browser, width)
+    try:
+        tab = open_page(context, site + page, Visit(page, width))
+        tab.locator(".search-button__button:visible").first.click()
+        tab.wait_for_timeout(300)
+        tab.keyboard.type("convolution_backward")
+        box = tab.evaluate(
+            """() => {
+          const form = [...document.querySelectorAll('form.bd-search')]
+            .find(f => f.checkVisibility());
+          if (!form) return null;
+          const input = form.querySelector('input');
+          const icon = form.querySelector('i, svg, .fa-magnifying-glass');
+          const r = input.getBoundingClientRect();
+          const textStart = r.left + parseFloat(getComputedStyle(input).paddingLeft);
+          const i = icon ? icon.getBoundingClientRect() : null;
+          return {textStart, iconLeft: i && i.left, iconRight: i && i.right,
+                  iconShown: !!(icon && icon.checkVisibility()), value: input.value};
+        }"""
+        )
+    finally:
+        context.close()
+    assert box, "no visible search form after tapping the search button"
+    assert box["value"] == "convolution_backward", f"typing went elsewhere: {box['value']!r}"
+    if box["iconShown"]:
+        overlaps = box["iconLeft"] < box["textStart"] and box["iconRight"] > box["textStart"]
+        assert not overlaps, f"the search icon covers the query: {box}"
+
+
+def prompt_page() -> str:
+    """A page with a doctest (``>>>``) block that has a copy button."""
+    for path in sorted(HTML.rglob("*.html")):
+        rel = path.relative_to(HTML).as_posix()
+        if NOT_PAGES & set(path.relative_to(HTML).parts):
+            continue
+        if '<span class="gp">&gt;&gt;&gt; </span>' in path.read_text(errors="replace"):
+            return rel
+    pytest.fail("no page has a >>> prompt (the API pages' doctests)")
+
+
+@pytest.mark.parametrize("width", [WIDE, PHONE])
+def test_copy_button_copies_code_without_prompts(site: str, browser: object, width: int) -> None:
+    page = prompt_page()
+    context = browser.new_context(
+        viewport=VIEWPORTS[width], permissions=["clipboard-read", "clipboard-write"]
+    )
+    try:
+        tab = open_page(context, site + page, Visit(page, width))
+        block = tab.locator("div.highlight:has(span.gp)").first
+        block.hover()
+        block.locator("button.copybtn").click(force=True)
+        tab.wait_for_timeout(200)
+        copied = tab.evaluate("() => navigator.clipboard.readText()")
+        shown = block.inner_text()
+    finally:
+        context.close()
+    assert ">>>" in shown, "the block has no prompt to skip"
+    assert copied.strip(), "the copy button copied nothing"
+    bad = [line for line in copied.splitlines() if re.match(r"\s*(>>>|\.\.\.)( |$)", line)]
+    assert not bad, f"{page}: copied prompts: {bad[:3]}"

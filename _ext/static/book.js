@@ -2,13 +2,24 @@
 (() => {
   "use strict";
 
-  // Search highlights belong to the page opened from the search results only: the search
-  // page stores its terms for the next page, whichever it is, so drop them otherwise.
-  try {
-    const fromSearch = /\/search\.html/.test(document.referrer || "");
-    const fromUrl = new URL(window.location).searchParams.has("highlight");
-    if (!fromSearch && !fromUrl) localStorage.removeItem("sphinx_highlight_terms");
-  } catch (e) { /* storage may be blocked: nothing to clear */ }
+  // Search highlights belong to the page opened from a search result only. Sphinx keeps
+  // the terms in localStorage for whichever page opens next (a result or not), so here the
+  // result links carry them in their URL (?highlight=, which Sphinx reads and then drops
+  // from the address) and the stored copy is always cleared.
+  const KEY = "sphinx_highlight_terms";
+  const forget = () => { try { localStorage.removeItem(KEY); } catch (e) { /* blocked */ } };
+  forget();
+  const tagResults = (results) => {
+    const terms = new URLSearchParams(window.location.search).get("q") || "";
+    for (const link of results.querySelectorAll("a[href]")) {
+      if (!terms || link.dataset.highlight) continue;
+      const url = new URL(link.href, window.location.href);
+      url.searchParams.set("highlight", terms);
+      link.href = url.toString();
+      link.dataset.highlight = "1";
+    }
+    forget();
+  };
 
   // A tap on an entry of the phone drawers closes the drawer (the theme leaves it open).
   document.addEventListener("click", (event) => {
@@ -20,6 +31,37 @@
     }
   });
 
+  // Long identifiers (`convlab.lab.bench.check_threads(threads)`, a path) have no place
+  // to wrap, so the browser would cut them anywhere: offer a break after ".", "/", "(",
+  // "," and "=" instead (a <wbr>, which copies as nothing).
+  const BREAKABLE = ".bd-article :not(pre) > code, .bd-article dt.sig, .bd-article a, "
+    + ".bd-article :is(h1, h2, h3, h4, h5, h6), .bd-sidebar-primary a, "
+    + ".bd-sidebar-secondary a, .bd-article table td, .bd-article table th";
+  const LONG_WORD = /[^\s]{16,}/;
+  const addBreaks = () => {
+    for (const root of document.querySelectorAll(BREAKABLE)) {
+      if (root.closest("pre") || root.dataset.wbr) continue;
+      root.dataset.wbr = "1";
+      const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+      const nodes = [];
+      for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+        if (LONG_WORD.test(n.textContent) && !n.parentElement.closest("pre, mjx-container")) {
+          nodes.push(n);
+        }
+      }
+      for (const node of nodes) {
+        const parts = node.textContent.split(/(?<=[./(,=])(?=[^\s./(,=)])/);
+        if (parts.length < 2) continue;
+        const fragment = document.createDocumentFragment();
+        parts.forEach((part, i) => {
+          if (i) fragment.append(document.createElement("wbr"));
+          fragment.append(part);
+        });
+        node.replaceWith(fragment);
+      }
+    }
+  };
+
   // Boxes that scroll sideways get the `scroll-x` cue (book.css), `scroll-end` at the end.
   const SCROLLERS = ".bd-article .pst-scrollable-table-container, .bd-article .table-wrapper, "
     + ".bd-article mjx-container[display='true'], .bd-article div.highlight pre, "
@@ -27,7 +69,8 @@
   const mark = (box) => {
     const wide = box.scrollWidth > box.clientWidth + 1;
     box.classList.toggle("scroll-x", wide);
-    box.classList.toggle("scroll-end", wide && box.scrollLeft + box.clientWidth >= box.scrollWidth - 2);
+    const end = box.scrollLeft > 0 && box.scrollLeft + box.clientWidth >= box.scrollWidth - 1;
+    box.classList.toggle("scroll-end", wide && end);
   };
   const markAll = () => document.querySelectorAll(SCROLLERS).forEach(mark);
   document.addEventListener("scroll", (event) => {
@@ -64,16 +107,27 @@
   };
 
   const ready = () => {
+    const results = document.getElementById("search-results");
+    if (results) {
+      new MutationObserver(() => tagResults(results)).observe(
+        results, {childList: true, subtree: true});
+    }
+    addBreaks();
     fold();
     markAll();
     window.addEventListener("resize", markAll);
   };
-  // MathJax typesets after the page loads: mark its equations once it is done.
-  window.addEventListener("load", () => {
-    markAll();
+  // MathJax loads and typesets after the page: mark its equations once it is done.
+  const afterMath = (tries) => {
     if (window.MathJax && MathJax.startup && MathJax.startup.promise) {
       MathJax.startup.promise.then(markAll);
+    } else if (tries > 0 && document.querySelector(".math")) {
+      setTimeout(() => afterMath(tries - 1), 200);
     }
+  };
+  window.addEventListener("load", () => {
+    markAll();
+    afterMath(75);
   });
   if (document.readyState === "loading") {
     document.addEventListener("DOMContentLoaded", ready);

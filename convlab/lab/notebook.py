@@ -104,7 +104,8 @@ class Table:
     is what a terminal and nbval see, so a notebook's stored output still records every
     cell's value. ``label`` (with a caption) names the table for ``{numref}`label```.
 
-    >>> Table(["backend", "kernel"], [["Slow2d", "slow_conv2d"]], caption="One backend")
+    >>> Table(["backend", "kernel"], [["Slow2d", "slow_conv2d"]],
+    ...       caption="One backend")
     One backend
     backend | kernel
     ------- | -----------

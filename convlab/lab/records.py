@@ -272,6 +272,11 @@ def attach_derived(record: dict[str, Any]) -> dict[str, Any]:
     return record
 
 
+# The child runs records.main from the imported module (not as __main__), so that what the
+# module's importers set up (e.g. a site's extra sections) holds in the child too.
+CHILD = "import sys; from convlab.lab.records import main; sys.exit(main(sys.argv[1:]))"
+
+
 def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = None,
             directory: Path | None = None) -> int:
     """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files."""
@@ -288,7 +293,7 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
         env = {**os.environ, **setting.env}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "record.json"
-            cmd = [sys.executable, "-m", "convlab.lab.records", "--child", setting.label,
+            cmd = [sys.executable, "-c", CHILD, "--child", setting.label,
                    "--sections", ",".join(sections), "--out", str(out)]
             if quick:
                 cmd.append("--quick")

@@ -1,0 +1,161 @@
+"""convlab.lab.records: the schema of every committed record, the loader, the runner's
+bookkeeping (sections run in a fresh process, errors kept per section, merges)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convlab.lab import machine, records
+
+COMMITTED = sorted(records.RECORDS_DIR.glob("*.json"))
+
+
+def _record(isa: str = "avx2", model: str = "AMD EPYC", cores: int = 2, **sections) -> dict:
+    fp = {key: None for key in records.FINGERPRINT_KEYS}
+    fp.update(cpu_model=model, cores=cores, aten_cpu_capability="AVX2", threads=2)
+    return {"schema": 1, "isa": isa, "env": {}, "created": "2026-12-01T20:40:00Z",
+            "quick": False, "load": {"before": [1.0, 2.0, 3.0], "after": [1.0, 2.0, 3.0]},
+            "fingerprint": fp, "sections": sections or {"suite": {"x": 1}},
+            "section_meta": {}}
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_every_committed_record_is_valid(path: Path):
+    data = json.loads(path.read_text())
+    assert records.validate(data) == []
+    rec = records.read_record(path)
+    assert path.name == f"{rec.machine}__{rec.isa}.json"
+    assert rec.fingerprint["aten_cpu_capability"] == next(
+        s.aten for s in machine.ISA_SETTINGS if s.label == rec.isa)
+    assert rec.env == next(s.env for s in machine.ISA_SETTINGS if s.label == rec.isa)
+    for name, section in rec.sections.items():
+        assert name in records.SECTIONS
+        assert isinstance(section, dict)
+
+
+def test_committed_records_cover_every_setting_of_their_machine():
+    assert COMMITTED, f"no record in {records.RECORDS_DIR}: run `make records`"
+    by_machine: dict[str, set[str]] = {}
+    for rec in records.load_records():
+        by_machine.setdefault(rec.machine, set()).add(rec.isa)
+        flags = set(rec.fingerprint["isa_flags"])
+        assert rec.isa in {s.label for s in machine.available_settings(flags)}
+    for slug, isas in by_machine.items():
+        rec = next(r for r in records.load_records() if r.machine == slug)
+        want = {s.label for s in machine.available_settings(set(rec.fingerprint["isa_flags"]))}
+        assert isas == want, slug
+
+
+@pytest.mark.parametrize(("change", "problem"), [
+    (lambda d: d.pop("fingerprint"), "missing key 'fingerprint'"),
+    (lambda d: d.update(schema=2), "schema 2 is not 1"),
+    (lambda d: d.update(isa="avx9"), "isa 'avx9'"),
+    (lambda d: d.update(quick="no"), "'quick' must be bool"),
+    (lambda d: d["load"].update(before=[1]), "load['before']"),
+    (lambda d: d["fingerprint"].pop("onednn_isa"), "fingerprint lacks onednn_isa"),
+    (lambda d: d.update(created="yesterday"), "not an ISO time"),
+    (lambda d: d["sections"].update(suite=[1]), "section 'suite' must be an object"),
+])
+def test_validate_names_the_problem(change, problem):
+    data = _record()
+    change(data)
+    assert any(problem in p for p in records.validate(data)), records.validate(data)
+    assert records.validate([]) == ["a record is a JSON object, got list"]
+
+
+def test_loader_sorts_by_machine_then_widest_isa(tmp_path):
+    for isa, model in [("sse41", "AMD EPYC"), ("avx512", "AMD EPYC"), ("avx2", "AMD EPYC"),
+                       ("avx2", "Intel Xeon")]:
+        rec = _record(isa, model)
+        (tmp_path / f"{machine.machine_slug(model, 2)}__{isa}.json").write_text(json.dumps(rec))
+    got = records.load_records(tmp_path)
+    assert [(r.machine, r.isa) for r in got] == [
+        ("amd-epyc-x2", "avx512"), ("amd-epyc-x2", "avx2"), ("amd-epyc-x2", "sse41"),
+        ("intel-xeon-x2", "avx2")]
+    assert got[0].label == "AMD EPYC x2, AVX-512" and got[2].isa_name == "SSE4.1"
+    assert got[0].section("suite") == {"x": 1}
+    with pytest.raises(KeyError, match="has no section 'peers'"):
+        got[0].section("peers")
+    assert records.load_records(tmp_path / "missing") == []
+    (tmp_path / "broken.json").write_text("{")
+    with pytest.raises(ValueError, match="broken.json: not JSON"):
+        records.load_records(tmp_path)
+
+
+def test_merge_keeps_sections_not_rerun():
+    old = _record(suite={"a": 1}, roofline={"b": 2})
+    old["section_meta"] = {"suite": {"quick": False}, "roofline": {"quick": True}}
+    new = _record(suite={"a": 3})
+    new["section_meta"] = {"suite": {"quick": False}}
+    merged = records.merge(old, new)
+    assert merged["sections"] == {"suite": {"a": 3}, "roofline": {"b": 2}}
+    assert merged["quick"] is True  # a kept section was quick
+    assert records.merge(None, new) is new
+
+
+def test_attach_derived_puts_suite_paths_on_the_roofline():
+    suite = {"method": {"threads": 2}, "layers": [{"layer": "dw", "times": {"mkldnn": {
+        "backend": "Mkldnn", "flops": 100, "min_bytes": 50, "gflops": 10.0,
+        "gbytes_s": 5.0}}}]}
+    roof = {"peak_gflops": {"1": 50.0, "2": 100.0}, "triad_gbytes_s": {"1": 10.0, "2": 20.0}}
+    rec = records.attach_derived(_record(suite=suite, roofline=roof))
+    (row,) = rec["sections"]["roofline"]["fractions"]
+    assert row["flops_per_byte"] == 2.0 and row["bound_gflops"] == 40.0  # 2 FLOP/B x 20 GB/s
+    assert row["bound_by"] == "memory" and row["of_bound"] == pytest.approx(0.25)
+    assert row["of_peak"] == pytest.approx(0.1) and row["of_bandwidth"] == pytest.approx(0.25)
+
+
+def test_parse_sections():
+    assert records.parse_sections("") == list(records.SECTIONS)
+    assert records.parse_sections("suite roofline,suite") == ["suite", "roofline"]
+    with pytest.raises(ValueError, match="unknown 'nope'"):
+        records.parse_sections("nope")
+
+
+def test_run_section_keeps_an_error_as_one_line(monkeypatch):
+    monkeypatch.setitem(records.SECTIONS, "boom", "json:no_such_function")
+    got = records.run_section("boom", quick=True)
+    assert set(got) == {"error"} and got["error"].startswith("AttributeError")
+    monkeypatch.setattr(records, "_returns_a_list", lambda quick=False: [1], raising=False)
+    monkeypatch.setitem(records.SECTIONS, "list", "convlab.lab.records:_returns_a_list")
+    assert "returned list, not a dict" in records.run_section("list", quick=True)["error"]
+
+
+def test_runner_writes_one_checked_record_per_setting(tmp_path):
+    """End to end, in fresh processes, with a stand-in section (no timing)."""
+    module = tmp_path / "fake_section.py"
+    module.write_text("import os, torch\n"
+                      "def record(quick=False):\n"
+                      "    return {'capability': torch.backends.cpu.get_cpu_capability(),\n"
+                      "            'quick': quick, 'nan': float('nan')}\n"
+                      "def fails(quick=False):\n"
+                      "    raise RuntimeError('broken\\nsecond line')\n")
+    settings = machine.available_settings()
+    if not settings:
+        pytest.skip("no ISA setting on this CPU")
+    # every process of the run (parent and children) swaps in the stand-in sections
+    (tmp_path / "sitecustomize.py").write_text(
+        "from convlab.lab import records\n"
+        "records.SECTIONS.clear()\n"
+        "records.SECTIONS.update(fake='fake_section:record', bad='fake_section:fails')\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    code = ("import sys; from convlab.lab import records; "
+            f"sys.exit(records.main(['--quick', '--dir', {str(tmp_path / 'out')!r}]))")
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                            text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    got = records.load_records(tmp_path / "out")
+    assert [r.isa for r in got] == [s.label for s in settings]
+    for rec, setting in zip(got, settings, strict=True):
+        assert rec.env == setting.env and rec.quick is True
+        assert rec.sections["fake"]["capability"] == setting.aten
+        assert rec.sections["fake"]["nan"] is None  # NaN stored as null
+        assert rec.sections["bad"] == {"error": "RuntimeError: broken"}
+        assert machine.check_setting(setting, rec.fingerprint) == []

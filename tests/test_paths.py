@@ -152,8 +152,12 @@ def test_flops_agree_with_torch_flop_counter(layer: Layer) -> None:
     assert flops(layer, "forward") == _counted(conv, x, w, None, *args)
     assert flops(layer, "backward_input") == _counted(
         backward, go, x, w, None, *args, [True, False, False])
-    # torch's counter ignores `groups` for grad_weight (counts it as an ungrouped conv),
-    # so it is an independent check only for groups == 1; grouped layers: by hand above.
+    counted_gw = _counted(backward, go, x, w, None, *args, [False, True, False])
+    # torch's counter ignores `groups` for grad_weight (counts it as an ungrouped conv):
+    # `groups` times too many (upstream PR #183405 divides by groups). Grouped layers are
+    # checked against a count from first principles in test_grouped_weight_gradient_flops.
+    assert counted_gw in (flops(layer, "backward_weight"),
+                          layer.groups * flops(layer, "backward_weight"))
     if layer.groups == 1:
         assert flops(layer, "backward_weight") == _counted(
             backward, go, x, w, None, *args, [False, True, False])
@@ -161,3 +165,61 @@ def test_flops_agree_with_torch_flop_counter(layer: Layer) -> None:
             backward, go, x, w, None, *args, [True, True, False])
         assert math.isclose(flops(layer, "forward_backward"),
                             flops(layer, "forward") + flops(layer, "backward"))
+
+
+def _weight_gradient_terms(layer: Layer, x, go) -> tuple[object, int]:
+    """grad_weight of a 2-d (grouped) convolution by its definition, as explicit loops, and
+    the number of multiply-adds those loops perform (padding taps included, as kernels do).
+
+    grad_w[oc, c, i, j] = sum over n, oh, ow of
+        go[n, oc, oh, ow] * x_padded[n, g * C_in/g + c, oh * s + i * d, ow * s + j * d]
+    with g = oc // (C_out / groups).
+    """
+    import numpy as np
+
+    p = layer.params
+    (s_h, s_w), (p_h, p_w), (d_h, d_w) = p.stride, p.padding, p.dilation
+    xp = np.pad(x.numpy(), ((0, 0), (0, 0), (p_h, p_h), (p_w, p_w)))
+    g_out = go.numpy()
+    c_out, c_per_group, k_h, k_w = layer.weight_shape
+    per_group_out = c_out // p.groups
+    n, _, o_h, o_w = g_out.shape
+    grad = np.zeros(layer.weight_shape)
+    terms = 0
+    for oc in range(c_out):
+        base = (oc // per_group_out) * c_per_group
+        for c in range(c_per_group):
+            for i in range(k_h):
+                for j in range(k_w):
+                    for b in range(n):
+                        for oh in range(o_h):
+                            for ow in range(o_w):
+                                grad[oc, c, i, j] += (g_out[b, oc, oh, ow]
+                                                      * xp[b, base + c, oh * s_h + i * d_h,
+                                                           ow * s_w + j * d_w])
+                                terms += 1
+    return grad, terms
+
+
+@pytest.mark.parametrize("layer", [
+    Layer("grouped", (2, 4, 5, 5), (6, 2, 3, 3), padding=1, groups=2),
+    Layer("depthwise", (2, 3, 6, 5), (6, 1, 3, 2), stride=2, padding=1, dilation=1, groups=3),
+    Layer("dense", (1, 2, 5, 4), (3, 2, 2, 2), dilation=2),
+], ids=lambda layer: layer.name)
+def test_grouped_weight_gradient_flops(layer: Layer) -> None:
+    """convlab's backward_weight FLOPs are 2 x the multiply-adds of the definition;
+    FlopCounterMode's are `groups` times that for a grouped layer."""
+    x, _, _, go = layer.tensors(CPU, torch.float64)
+    grad, terms = _weight_gradient_terms(layer, x, go)
+    want = torch.ops.aten.convolution_backward(go, x, torch.empty(layer.weight_shape,
+                                               dtype=torch.float64), None, *layer.args(),
+                                               [False, True, False])[1]
+    assert torch.allclose(torch.from_numpy(grad), want)  # the loops are the real gradient
+    assert flops(layer, "backward_weight") == 2 * terms
+    meta = [torch.empty(s, device="meta") for s in (layer.input_shape, layer.weight_shape,
+                                                    layer.output_shape)]
+    counted = _counted(torch.ops.aten.convolution_backward, meta[2], meta[0], meta[1], None,
+                       *layer.args(), [False, True, False])
+    if counted != 2 * terms:  # the upstream over-count (fixed by PR #183405 where merged)
+        assert counted == layer.groups * 2 * terms
+        assert layer.groups > 1

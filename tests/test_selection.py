@@ -248,3 +248,18 @@ def test_flowchart_is_the_rule_table():
     for rule in selection.RULES:
         assert f'label="{rule.name}"' in dot
     assert dot.count("->") == 2 * len(selection.RULES)
+
+
+@pytest.mark.parametrize("shape, expected", [((1, 4, 4, 4, 1300), "Slow3d"),
+                                             ((1, 4, 4, 1300, 4), "Mkldnn")])
+def test_use_mkldnn_size_term_ignores_the_last_dim_of_a_3d_input(shape, expected):
+    # N*C*size(2)*size(3) > 20480: for a 5-d input W is not counted, so the same number of
+    # elements selects differently depending on which spatial dim is long
+    x, w = torch.empty(*shape), torch.empty(4, 4, 1, 1, 1)
+    case = Case(3, 1, 4, 4, 1, 1, 1, 1, 0, 1, False, 0, torch.float32, False, 2, True, True,
+                False, False)
+    with flags(case):
+        aten = backend_name(torch._C._select_conv_backend(
+            x, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1))
+        mine = selection.select(selection.ConvQuery.from_tensors(x, w)).backend
+    assert aten == mine == expected

@@ -440,8 +440,10 @@ def use_miopen(c: _Ctx) -> bool:
 
 def use_mkldnn(c: _Ctx) -> bool:
     """``ConvParams::use_mkldnn``: oneDNN on CPU. bf16/fp16 go to oneDNN whenever the CPU
-    passes ``mkldnn_{bf16,fp16}_device_check``; float32 unless a small single-threaded 1x1
-    or a tiny single-sample ungrouped layer."""
+    passes ``mkldnn_{bf16,fp16}_device_check`` (so not "only on CPU Float Tensors", as the
+    C++ comment says); float32 unless a small single-threaded 1x1 or a tiny single-sample
+    ungrouped layer. The size term multiplies ``size(0..3)`` only: for a 3-d convolution
+    the last spatial dim is not counted."""
     c.depth += 1
     try:
         env, q = c.env, c.q
@@ -485,7 +487,9 @@ def use_mkldnn(c: _Ctx) -> bool:
 
 def use_nnpack(c: _Ctx) -> bool:
     """``ConvParams::use_nnpack``: NNPACK forward (built, enabled, float32 CPU, 4-d, not
-    dilated or transposed, kernel <= 16, padding < kernel, N >= 16 off mobile)."""
+    dilated or transposed, kernel <= 16, padding < kernel, N >= 16 off mobile). The memory
+    format is not checked, despite the "must be in NCHW format" comment: a channels_last
+    input selects NNPACK too."""
     env, p = c.env, c.p
     ok = (env.nnpack_enabled and env.nnpack_available and c.is_cpu
           and c.q.dtype == torch.float32 and not c.dilated() and not p.transposed

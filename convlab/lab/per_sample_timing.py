@@ -153,7 +153,8 @@ def _peak_mb(fn: Callable[[], object]) -> float:
 
 def compare(quick: bool = False) -> dict[str, object]:
     """Every route of :func:`routes` on :data:`LAYER`, one interleaved run on one thread,
-    against ``convlab grouped``; the A/A pair is ``convlab grouped`` timed twice."""
+    against ``convlab grouped``; the A/A pairs are ``convlab grouped`` and ``convlab
+    im2col`` each timed twice, their per-round ratios pooled into one band."""
     weight, step = routes(LAYER)
     truth = weight["convlab im2col"]()
     fns: dict[str, Callable[[], object]] = {}
@@ -169,13 +170,16 @@ def compare(quick: bool = False) -> dict[str, object]:
         else:
             rows[name] = {}
         fns[name] = fn
+    # Two A/A pairs (the same callable timed twice); their per-round ratios are pooled.
     fns["convlab grouped (again)"] = fns["convlab grouped"]
+    fns["convlab im2col (again)"] = fns["convlab im2col"]
     timings = _interleaved(fns, quick)
     base = timings["convlab grouped"]
-    aa = _ratios(timings["convlab grouped (again)"].rounds, base.rounds)
+    aa = _ratios(timings["convlab grouped (again)"].rounds, base.rounds) + _ratios(
+        timings["convlab im2col (again)"].rounds, timings["convlab im2col"].rounds)
     band = timing.band_from_ratios(aa)
     for name, t in timings.items():
-        if name == "convlab grouped (again)":
+        if name.endswith("(again)"):
             continue
         ratios = _ratios(t.rounds, base.rounds)
         rows[name].update({
@@ -196,7 +200,8 @@ def compare(quick: bool = False) -> dict[str, object]:
 def sweep(quick: bool = False) -> dict[str, object]:
     """Time of ``im2col`` over time of ``grouped`` (median of per-round ratios) as the batch
     grows at 16x16 (``"N"``) and as the output positions grow at N = 8 (``"positions"``),
-    for a 16 -> 32 channel 3x3 conv; one interleaved run per axis, one thread."""
+    for a 16 -> 32 channel 3x3 conv; one interleaved run per axis, one thread, its A/A band
+    pooled from both routes timed twice at the middle point; sign-test verdicts per point."""
     axes = {"N": [(n, 16) for n in (1, 4, 16, 64)],
             "positions": [(8, s) for s in (4, 8, 16, 32, 64)]}
     if quick:
@@ -210,11 +215,13 @@ def sweep(quick: bool = False) -> dict[str, object]:
                 fns[f"{method} {n} {size}"] = (
                     lambda x=x, w=w, go=go, m=method:
                     per_sample_weight_grad(x, w.shape, go, padding=1, method=m))
-        mid = points[len(points) // 2]
-        fns["grouped again"] = fns[f"grouped {mid[0]} {mid[1]}"]  # the A/A pair
+        mid = "{} {}".format(*points[len(points) // 2])
+        for method in ("grouped", "im2col"):  # two A/A pairs, pooled
+            fns[f"{method} again"] = fns[f"{method} {mid}"]
         t = _interleaved(fns, quick, min_run_time=0.05)
         band = timing.band_from_ratios(
-            _ratios(t["grouped again"].rounds, t[f"grouped {mid[0]} {mid[1]}"].rounds))
+            [r for m in ("grouped", "im2col")
+             for r in _ratios(t[f"{m} again"].rounds, t[f"{m} {mid}"].rounds)])
         rows = []
         for n, size in points:
             g, i = t[f"grouped {n} {size}"], t[f"im2col {n} {size}"]

@@ -52,16 +52,6 @@ def _check_bias(bias: object, input: np.ndarray) -> None:
     _check_same_dtype(input, bias, "input", "bias")
 
 
-# ATen takes stride, padding, ... as int64 (its ``int[]``): larger values are refused.
-INT64_MAX = 2**63 - 1
-
-
-def _check_int64(params: ConvParams) -> None:
-    for name in ("stride", "padding", "dilation"):
-        if any(abs(v) > INT64_MAX for v in getattr(params, name)):
-            raise ValueError(f"{name}={list(getattr(params, name))} does not fit in int64")
-
-
 def _check_same_dtype(a: np.ndarray, b: np.ndarray, name_a: str, name_b: str) -> None:
     if a.dtype != b.dtype:
         raise TypeError(f"{name_b} has dtype {b.dtype} but {name_a} has dtype {a.dtype}")
@@ -89,7 +79,6 @@ def _params(
         raise ValueError(f"weight must have at least one output channel (ATen refuses an "
                          f"empty weight.shape[0]), got shape {list(weight.shape)}")
     params = ConvParams.create(weight.ndim - 2, stride, padding, dilation, groups=groups)
-    _check_int64(params)
     params.check_shapes(input.shape, weight.shape, bias_shape)
     return params
 
@@ -298,7 +287,6 @@ def im2col(
         raise ValueError(f"input must have at least 3 dimensions [N, C, *size], got {input.shape}")
     kernel = normalize(kernel_size, dim, "kernel_size")
     params = ConvParams.create(dim, stride, padding, dilation)
-    _check_int64(params)
     params.check_shapes(input.shape, (1, input.shape[1], *kernel))
     view = _patches(input, kernel, params, batch_last=False)
     n, c = input.shape[:2]
@@ -332,7 +320,6 @@ def col2im(
         raise ValueError(f"input_shape must be [N, C, *size], got {list(input_shape)}")
     kernel = normalize(kernel_size, dim, "kernel_size")
     params = ConvParams.create(dim, stride, padding, dilation)
-    _check_int64(params)
     params.check_shapes(input_shape, (1, input_shape[1], *kernel))
     n, c = input_shape[:2]
     out = params.output_size(input_shape[2:], kernel)

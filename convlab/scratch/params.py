@@ -24,6 +24,12 @@ import torch
 
 IntOrSeq = int | Sequence[int]
 
+INT64_MAX = 2**63 - 1
+"""ATen takes stride, padding, dilation, output_padding and groups as int64 (``int[]``)."""
+
+MAX_SPATIAL_DIMS = 3
+"""torch has 1-, 2- and 3-d convolutions (``conv1d``..``conv3d``) and no 4-d one."""
+
 
 def as_int(value: object, name: str) -> int:
     """``value`` as a Python int, accepting what ATen accepts for an ``int`` argument.
@@ -115,10 +121,19 @@ class ConvParams:
         output_padding: IntOrSeq = 0,
         groups: int = 1,
     ) -> ConvParams:
-        """Normalise and validate the arguments that do not depend on tensor shapes."""
+        """Normalise and validate the arguments that do not depend on tensor shapes.
+
+        The one validation every convlab entry point goes through: ``dim`` must be 1, 2 or 3
+        (torch has no 4-d convolution), every value must fit in int64 (ATen's ``int``), and
+        the values must make sense (positive stride, dilation and groups, ...).
+        """
         dim = as_int(dim, "dim")
-        if dim < 1:
-            raise ValueError(f"dim must be a positive int, got {dim!r}")
+        if not 1 <= dim <= MAX_SPATIAL_DIMS:
+            raise ValueError(
+                f"a convolution has 1, 2 or 3 spatial dimensions (torch has no {dim}-d one), "
+                f"got dim={dim!r}: input must be [N, C, *spatial] and weight "
+                f"[C_out, C_in/groups, *kernel] with 3, 4 or 5 dimensions"
+            )
         if not isinstance(transposed, (bool, np.bool_)):
             raise TypeError(f"transposed must be a bool, got {type(transposed).__name__}")
         params = cls(
@@ -133,6 +148,17 @@ class ConvParams:
         return params
 
     def _check_values(self) -> None:
+        for name in ("stride", "padding", "dilation", "output_padding"):
+            values = getattr(self, name)
+            if any(_symbolic(v) for v in values):
+                continue
+            if any(abs(v) > INT64_MAX for v in values):
+                raise ValueError(
+                    f"{name}={list(values)} does not fit in int64 (ATen's int; at most "
+                    f"{INT64_MAX})"
+                )
+        if not _symbolic(self.groups) and abs(self.groups) > INT64_MAX:
+            raise ValueError(f"groups={self.groups} does not fit in int64 (at most {INT64_MAX})")
         if any(s <= 0 for s in self.stride):
             raise ValueError(f"stride must be positive, got {self.stride}")
         if any(d <= 0 for d in self.dilation):
@@ -260,6 +286,12 @@ class ConvParams:
                 f"computed output size {tuple(out[2:])} is not positive for input size "
                 f"{tuple(input_shape[2:])}: padding={self.padding} is too large"
             )
+        if not any(_symbolic(o) for o in out) and max(math.prod(out), *out) > INT64_MAX:
+            raise ValueError(
+                f"computed output shape {list(out)} has more than int64 elements "
+                f"(stride={self.stride}, padding={self.padding}, "
+                f"output_padding={self.output_padding})"
+            )
 
     def aten_args(self) -> tuple[list[int], list[int], list[int], bool, list[int], int]:
         """``(stride, padding, dilation, transposed, output_padding, groups)`` as ATen takes them.
@@ -320,6 +352,10 @@ class ConvParams:
             return int(math.prod(input_shape) * per_input)
         out = self.output_shape(input_shape, weight_shape)
         return int(math.prod(out) * math.prod(weight_shape[1:]))
+
+
+def _symbolic(value: object) -> bool:
+    return isinstance(value, torch.SymInt)
 
 
 def check_output_mask(output_mask: object) -> tuple[bool, bool, bool]:

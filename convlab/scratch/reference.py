@@ -23,7 +23,8 @@ bounded.
 
 Depthwise convolutions (one input channel per group) make these GEMMs degenerate (inner
 dimension ``k``), so they take a direct form instead: a sum over the kernel offsets of
-strided slices of the input times one weight per channel.
+strided slices of the input times one weight per channel, accumulated in float32 for
+bfloat16/float16 tensors like ATen's kernels (and rounded once at the end).
 
 A transposed convolution's forward is the grad_input of a normal one, so its backward swaps
 the roles: its grad_input is a normal forward, its grad_weight a normal grad_weight with
@@ -57,8 +58,9 @@ from convlab.scratch.params import (
 __all__ = [
     "convolution",
     "convolution_backward",
-    "convolution_double_backward",
-    "convolution_jvp",
+    # from convlab.scratch.double_backward, through the module __getattr__ at the end
+    "convolution_double_backward",  # noqa: F822
+    "convolution_jvp",  # noqa: F822
 ]
 
 Mask = Sequence[bool]
@@ -164,9 +166,11 @@ def _grad_input(
     # The gather form unfolds gy (K/G rows per kernel offset) where the scatter form writes
     # C/G rows per offset: take it when that is not more, and when every weight is finite
     # (it multiplies the weight by padding zeros: 0 * inf is NaN where ATen's scatter, which
-    # adds only real products, has a number).
+    # adds only real products, has a number). Finiteness is a fact about the values, so the
+    # gather form is an eager-only shortcut: traced code takes the scatter form, exact for
+    # every weight, and has no data-dependent branch.
     if (all(s == 1 for s in p.stride) and w.shape[0] <= input_shape[1]
-            and bool(torch.isfinite(w).all())):
+            and _values_readable(w) and bool(torch.isfinite(w).all())):
         return _grad_input_unit_stride(gy, w, input_shape, p)
     kernel, out_size = w.shape[2:], gy.shape[2:]
     w_t = _weight_matrix(w, p.groups).transpose(1, 2)  # [G, C/G*k, K/G]
@@ -178,6 +182,23 @@ def _grad_input(
         shape = (chunk.shape[0], *input_shape[1:])
         parts.append(col2im(gcols, shape, kernel, out_size, p.stride, p.padding, p.dilation))
     return torch.cat(parts) if len(parts) > 1 else parts[0]  # col2im's are contiguous
+
+
+def _values_readable(t: torch.Tensor) -> bool:
+    """Whether a branch on ``t``'s values is allowed: a plain eager tensor with real data.
+
+    False for meta and fake tensors, tensor subclasses, ``torch.func`` wrappers (vmap, grad,
+    jvp levels), under any ``TorchDispatchMode`` (fake, proxy/``make_fx``, AOTAutograd)
+    and under ``torch.compile``: there the values are unknown or reading them would guard
+    on data.
+    """
+    if type(t) is not torch.Tensor or t.device.type == "meta":
+        return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(t):
+        return False
+    if torch._C._len_torch_dispatch_stack() > 0:
+        return False
+    return not torch.compiler.is_compiling()
 
 
 def _grad_input_unit_stride(
@@ -207,6 +228,12 @@ def _grad_input_unit_stride(
 # `x` [N, G, *S], `w` [G*M, 1, *k] (M outputs per input channel), `gy` [N, G*M, *O].
 
 
+def _accumulator(t: torch.Tensor) -> torch.dtype:
+    """The dtype the depthwise sums run in: float32 for bf16/fp16 taps, as ATen's kernels
+    accumulate reduced-precision products in float32; else ``t``'s own dtype."""
+    return torch.float32 if t.dtype in (torch.bfloat16, torch.float16) else t.dtype
+
+
 def _padded(x: torch.Tensor, padding: Sequence[int]) -> torch.Tensor:
     return F.pad(x, [v for pad in reversed(padding) for v in (pad, pad)]) if any(padding) else x
 
@@ -219,12 +246,14 @@ def _depthwise_forward(
     m = w.shape[0] // g
     taps = w.reshape(g, m, -1)  # [G, M, k]
     ones = (1,) * dim
-    xp = _padded(x, p.padding)
-    y = x.new_zeros(n, g, m, *out_size)
+    acc = _accumulator(x)
+    xp = _padded(x, p.padding).to(acc)
+    taps = taps.to(acc)
+    y = x.new_zeros(n, g, m, *out_size, dtype=acc)
     for t, (_, window) in enumerate(tap_windows(w.shape[2:], out_size, p.stride, p.dilation)):
         y.addcmul_(xp[(slice(None), slice(None), *window)].unsqueeze(2),
                    taps[:, :, t].reshape(1, g, m, *ones))
-    return y.reshape(n, g * m, *out_size)
+    return y.reshape(n, g * m, *out_size).to(x.dtype)
 
 
 def _depthwise_grad_input(
@@ -234,11 +263,12 @@ def _depthwise_grad_input(
     n, g, dim = gy.shape[0], p.groups, p.dim
     m = w.shape[0] // g
     out_size, spatial = gy.shape[2:], input_shape[2:]
-    taps = w.reshape(g, m, -1)
-    gyv = gy.reshape(n, g, m, *out_size)
+    acc = _accumulator(gy)
+    taps = w.reshape(g, m, -1).to(acc)
+    gyv = gy.reshape(n, g, m, *out_size).to(acc)
     ones = (1,) * dim
     padded = [s + 2 * pad for s, pad in zip(spatial, p.padding, strict=True)]
-    gi = gy.new_zeros(n, g, *padded)
+    gi = gy.new_zeros(n, g, *padded, dtype=acc)
     for t, (_, window) in enumerate(tap_windows(w.shape[2:], out_size, p.stride, p.dilation)):
         target = gi[(slice(None), slice(None), *window)]
         if m == 1:
@@ -246,7 +276,7 @@ def _depthwise_grad_input(
         else:
             target.add_((gyv * taps[:, :, t].reshape(1, g, m, *ones)).sum(2))
     crop = tuple(slice(pad, pad + s) for pad, s in zip(p.padding, spatial, strict=True))
-    return gi[(slice(None), slice(None), *crop)].contiguous()
+    return gi[(slice(None), slice(None), *crop)].to(gy.dtype).contiguous()
 
 
 def _depthwise_grad_weight(
@@ -256,12 +286,14 @@ def _depthwise_grad_weight(
     n, g = x.shape[0], p.groups
     m = weight_shape[0] // g
     out_size = gy.shape[2:]
-    gyv = gy.reshape(n, g, m, *out_size)
-    xp = _padded(x, p.padding)
+    acc = _accumulator(gy)
+    gyv = gy.reshape(n, g, m, *out_size).to(acc)
+    xp = _padded(x, p.padding).to(acc)
     reduce = (0, *range(3, 3 + p.dim))
     taps = [(gyv * xp[(slice(None), slice(None), *window)].unsqueeze(2)).sum(reduce)
             for _, window in tap_windows(weight_shape[2:], out_size, p.stride, p.dilation)]
-    return torch.stack(taps, -1).reshape(weight_shape)  # [G, M, k] -> [G*M, 1, *k]
+    # [G, M, k] -> [G*M, 1, *k]
+    return torch.stack(taps, -1).reshape(weight_shape).to(gy.dtype)
 
 
 def _bias_view(bias: torch.Tensor, dim: int) -> torch.Tensor:
@@ -375,146 +407,15 @@ def convolution_backward(
     return grad_input, grad_weight, grad_bias
 
 
-def convolution_double_backward(
-    ggI: torch.Tensor | None,
-    ggW: torch.Tensor | None,
-    ggb: torch.Tensor | None,
-    gO: torch.Tensor,
-    weight: torch.Tensor,
-    input: torch.Tensor,
-    stride: IntOrSeq,
-    padding: IntOrSeq,
-    dilation: IntOrSeq,
-    transposed: bool,
-    output_padding: IntOrSeq,
-    groups: int,
-    output_mask: Mask,
-) -> Grads:
-    """Backward of :func:`convolution_backward`, like ATen's ``aten::_convolution_double_backward``.
-
-    ``ggI``, ``ggW``, ``ggb`` are the gradients flowing into grad_input, grad_weight and
-    grad_bias (shapes of input, weight and ``[C_out]``; any may be None); ``gO`` is the
-    grad_output of the first backward. The convolution is bilinear in (input, weight), so:
-
-    * ``ggO = conv(ggI, weight) + conv(input, ggW) + ggb`` (shape of gO);
-    * ``gI`` = grad_input of a conv with weight ``ggW``, for grad_output ``gO``;
-    * ``gW`` = grad_weight of a conv with input ``ggI``, for grad_output ``gO``.
-
-    Returns ``(ggO, gI, gW)``. As in ATen's ``_convolution_double_backward``, ``output_mask`` is
-    validated but does not prune: a term is None exactly when the tensors it needs are None
-    (``ggO`` when all three are None, ``gI`` without ``ggW``, ``gW`` without ``ggI``), and
-    the convolution terms are None when ``input`` has no elements.
-
-    >>> x, w = torch.randn(1, 2, 5), torch.randn(3, 2, 3)
-    >>> gO = torch.randn(1, 3, 3)
-    >>> ggO, gI, gW = convolution_double_backward(
-    ...     None, torch.ones_like(w), None, gO, w, x, [1], [0], [1],
-    ...     False, [0], 1, [True, True, True])
-    >>> ggO.shape, gI.shape, gW is None
-    (torch.Size([1, 3, 3]), torch.Size([1, 2, 5]), True)
-    """
-    p = ConvParams.for_tensors(
-        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
-    )
-    try:
-        p.check_grad_output(gO, input, weight)
-    except (TypeError, ValueError) as e:
-        raise type(e)(f"gO (the grad_output of the first backward): {e}") from None
-    check_output_mask(output_mask)
-    if ggI is not None:
-        _check_like(ggI, input, "ggI", "input")
-    if ggW is not None:
-        _check_like(ggW, weight, "ggW", "weight")
-    if ggb is not None:
-        check_tensor(ggb, "ggb")
-        check_same(input, ggb, "input", "ggb")
-        if tuple(ggb.shape) != (gO.shape[1],):
-            raise ValueError(f"ggb must have shape [{gO.shape[1]}], got {list(ggb.shape)}")
-    # Like ATen, a normal conv ignores output_padding here (convolution_backward rejects it).
-    output_pad = p.output_padding if p.transposed else (0,) * p.dim
-    args = (p.stride, p.padding, p.dilation, p.transposed, output_pad, p.groups)
-    has_elements = input.numel() != 0
-
-    ggO = None
-    if has_elements and ggI is not None:
-        ggO = convolution(ggI, weight, None, *args)
-    if has_elements and ggW is not None:
-        term = convolution(input, ggW, None, *args)
-        ggO = term if ggO is None else ggO + term
-    if ggb is not None:
-        term = _bias_view(ggb, p.dim).expand(gO.shape)
-        ggO = term if ggO is None else ggO + term
-
-    gI = gW = None
-    if has_elements and ggW is not None:
-        gI = convolution_backward(gO, input, ggW, None, *args, [True, False, False])[0]
-    if has_elements and ggI is not None:
-        gW = convolution_backward(gO, ggI, weight, None, *args, [False, True, False])[1]
-    return ggO, gI, gW
-
-
-def convolution_jvp(
-    input_p: torch.Tensor,
-    input_t: torch.Tensor | None,
-    weight_p: torch.Tensor,
-    weight_t: torch.Tensor | None,
-    bias_p: torch.Tensor | None,
-    bias_t: torch.Tensor | None,
-    stride: IntOrSeq,
-    padding: IntOrSeq,
-    dilation: IntOrSeq,
-    transposed: bool,
-    output_padding: IntOrSeq,
-    groups: int,
-) -> torch.Tensor:
-    """Forward-mode derivative (tangent of the output) of :func:`convolution`.
-
-    The argument order is that of ATen's ``convolution_jvp``, the ``result:`` formula of
-    ``convolution`` in ``derivatives.yaml``. The convolution is bilinear in input and
-    weight, so the tangent is ``conv(input_t, weight_p) + conv(input_p, weight_t) + bias_t``;
-    a ``None`` tangent counts as zero. Shapes as in :func:`convolution`; returns the output
-    tangent ``[N, C_out, *O]``.
-
-    >>> x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
-    >>> convolution_jvp(x, torch.ones_like(x), w, None, None, None,
-    ...                 1, 0, 1, False, 0, 1).shape
-    torch.Size([1, 3, 3, 3])
-    """
-    args = (stride, padding, dilation, transposed, output_padding, groups)
-    p = ConvParams.for_tensors(input_p, weight_p, bias_p, *args)
-    tangents = ((input_t, input_p, "input"), (weight_t, weight_p, "weight"))
-    for tangent, primal, name in (*tangents, (bias_t, bias_p, "bias")):
-        if tangent is not None:
-            if primal is None:
-                raise ValueError(f"{name}_t is given but {name}_p is None")
-            _check_like(tangent, primal, f"{name}_t", f"{name}_p")
-    out_shape = p.output_shape(tuple(input_p.shape), tuple(weight_p.shape))
-    # Out of place: under vmap (torch.func.jacfwd, hessian) the tangents are batched and the
-    # zeros are not, and an in-place add cannot grow a tensor.
-    tangent = input_p.new_zeros(out_shape)
-    if input_t is not None:
-        tangent = tangent + convolution(input_t, weight_p, None, *args)
-    if weight_t is not None:
-        tangent = tangent + convolution(input_p, weight_t, None, *args)
-    if bias_t is not None:
-        tangent = tangent + _bias_view(bias_t, p.dim)
-    return tangent
-
-
 # ---------------------------------------------------------------------------------------
 # Argument checks that ConvParams does not cover.
 
-INT64_MAX = 2**63 - 1  # ATen takes stride, padding, ... as int64 (its ``int[]``)
-
-
 def _check_like_aten(p: ConvParams, weight: torch.Tensor) -> None:
-    """What ATen refuses beyond ConvParams: an empty weight.shape[0], values beyond int64."""
+    """What ATen refuses beyond ConvParams (which checks the int64 limits): an empty
+    weight.shape[0]."""
     if weight.shape[0] == 0:
         raise ValueError(f"weight must have weight.shape[0] >= 1 (ATen refuses an empty "
                          f"one), got shape {list(weight.shape)}")
-    for name in ("stride", "padding", "dilation", "output_padding"):
-        if any(abs(v) > INT64_MAX for v in getattr(p, name)):
-            raise ValueError(f"{name}={list(getattr(p, name))} does not fit in int64")
 
 
 def _check_like(t: object, ref: torch.Tensor, name: str, ref_name: str) -> None:
@@ -525,3 +426,22 @@ def _check_like(t: object, ref: torch.Tensor, name: str, ref_name: str) -> None:
         raise ValueError(f"{name} must have the shape of {ref_name} {list(ref.shape)}, "
                          f"got {list(t.shape)}")
 
+
+
+# ---------------------------------------------------------------------------------------
+# Second order: convolution_double_backward and convolution_jvp live in
+# convlab.scratch.double_backward (they call the functions above); importable from here too.
+
+_SECOND_ORDER = ("convolution_double_backward", "convolution_jvp")
+
+
+def __getattr__(name: str) -> object:
+    if name in _SECOND_ORDER:
+        from convlab.scratch import double_backward
+
+        return getattr(double_backward, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_SECOND_ORDER])

@@ -20,6 +20,7 @@
   generated ``__init__`` of dataclasses.
 * The Colab launch button opens the chapter's clean copy under ``colab/`` (written by
   ``scripts/colab_copies.py``: no MyST syntax), not the book's source notebook.
+* Glossary terms are listed first in search results (:func:`searchable_glossary_terms`).
 * When ``make pdf`` has written ``_build/pdf/book.pdf``, the page's download menu links the
   whole-book PDF (copied into the site); without that file there is no link.
 
@@ -226,7 +227,25 @@ def link_book_pdf(app: Sphinx, exception: Exception | None) -> None:
             page.write_text(new, encoding="utf-8")
 
 
+def searchable_glossary_terms() -> None:
+    """List glossary terms in search results, first (Sphinx leaves them out: priority -1).
+
+    Readers search for the names the book explains (``convolution_backward``, ``finput``):
+    the glossary entry defines each in a sentence and links the chapters, so it comes
+    before the API entries that merely share the name.
+    """
+    from sphinx.domains import ObjType
+    from sphinx.domains.std import StandardDomain
+
+    term = StandardDomain.object_types["term"]
+    StandardDomain.object_types = {
+        **StandardDomain.object_types,
+        "term": ObjType(term.lname, *term.roles, **{**term.attrs, "searchprio": 0}),
+    }
+
+
 def setup(app: Sphinx) -> dict[str, Any]:
+    searchable_glossary_terms()
     app.connect("builder-inited", add_static)
     app.connect("autodoc-process-signature", readable_signature)
     app.connect("build-finished", colab_copy_links)

@@ -206,7 +206,8 @@ async () => {
             caption: cap ? cap.innerText.trim() : ''};
   });
   // Words broken across lines inside an identifier: a line break between two characters
-  // of [A-Za-z0-9_#] (e.g. grad_inpu|t, #6521|9). Code blocks (pre) do not wrap.
+  // of [A-Za-z0-9_#] (e.g. grad_inpu|t, #6521|9), except right after an underscore (a
+  // word boundary of a snake_case name). Code blocks (pre) do not wrap.
   const splits = [];
   const wordChar = /[A-Za-z0-9_#]/;
   const roots = ['.bd-article', '.bd-sidebar-primary', '.bd-sidebar-secondary']
@@ -224,7 +225,17 @@ async () => {
         range.setEnd(n, m.index + m[0].length);
         const rects = [...range.getClientRects()].filter(r => r.width > 0);
         if (rects.length < 2 || new Set(rects.map(r => Math.round(r.top))).size < 2) continue;
-        splits.push(`${label(el)}: "${m[0].slice(0, 40)}"`);
+        // Where the line breaks: after an underscore is a boundary of a snake_case word.
+        const topAt = (k) => {
+          range.setStart(n, m.index + k);
+          range.setEnd(n, m.index + k + 1);
+          return Math.round(range.getBoundingClientRect().top);
+        };
+        const first = topAt(0);
+        let k = 1;
+        while (k < m[0].length && Math.abs(topAt(k) - first) < 2) k++;
+        if (k < m[0].length && m[0][k - 1] === '_') continue;
+        splits.push(`${label(el)}: "${m[0].slice(0, k)}|${m[0].slice(k, 40)}"`);
       }
     }
   }

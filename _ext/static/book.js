@@ -33,11 +33,14 @@
 
   // Long identifiers (`convlab.lab.bench.check_threads(threads)`, a path) have no place
   // to wrap, so the browser would cut them anywhere: offer a break after ".", "/", "(",
-  // "," and "=" instead (a <wbr>, which copies as nothing).
+  // "," and "=" instead (a <wbr>, which copies as nothing), and in a snake_case name
+  // longer than LONG_WORD after its underscores.
   const BREAKABLE = ".bd-article :not(pre) > code, .bd-article dt.sig, .bd-article a, "
     + ".bd-article :is(h1, h2, h3, h4, h5, h6), .bd-sidebar-primary a, "
     + ".bd-sidebar-secondary a, .bd-article table td, .bd-article table th";
-  const LONG_WORD = /[^\s]{16,}/;
+  const LONG_WORD = /[A-Za-z0-9_]{24,}/;
+  const AFTER = /(?<=[./(,=])(?=[^\s./(,=)])/;
+  const AFTER_UNDERSCORE = /(?<=[./(,=]|[A-Za-z0-9]_)(?=[^\s./(,=)_])/;
   const addBreaks = () => {
     for (const root of document.querySelectorAll(BREAKABLE)) {
       if (root.closest("pre") || root.dataset.wbr) continue;
@@ -45,18 +48,23 @@
       const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
       const nodes = [];
       for (let n = walker.nextNode(); n; n = walker.nextNode()) {
-        if (LONG_WORD.test(n.textContent) && !n.parentElement.closest("pre, mjx-container")) {
-          nodes.push(n);
-        }
+        if (!n.parentElement.closest("pre, mjx-container")) nodes.push(n);
       }
       for (const node of nodes) {
-        const parts = node.textContent.split(/(?<=[./(,=])(?=[^\s./(,=)])/);
-        if (parts.length < 2) continue;
+        const text = node.textContent;
+        // Headings use large type: there any snake_case name may break at underscores.
+        const heading = node.parentElement.closest("h1, h2, h3, h4, h5, h6") !== null;
+        const long = heading ? /[A-Za-z0-9]_[A-Za-z0-9]/.test(text) : LONG_WORD.test(text);
+        const parts = text.split(long ? AFTER_UNDERSCORE : AFTER);
+        // A signature is split over spans: "module." "name" "(" "arg": break after them.
+        const tail = /[./(]$/.test(text);
+        if (parts.length < 2 && !tail) continue;
         const fragment = document.createDocumentFragment();
         parts.forEach((part, i) => {
           if (i) fragment.append(document.createElement("wbr"));
           fragment.append(part);
         });
+        if (tail) fragment.append(document.createElement("wbr"));
         node.replaceWith(fragment);
       }
     }

@@ -265,6 +265,32 @@ def test_ops_without_a_formula_say_why() -> None:
         d.schema("thnn_conv2d_backward")  # removed in 2021
 
 
+@pytest.mark.parametrize("name", ["convolution.bogus", "convolution_backward.nope",
+                                  "_slow_conv2d_backward.bogus"])
+def test_a_bad_overload_is_not_said_to_be_in_native_functions(name: str) -> None:
+    """Regression (issue 21 D16): the base op's native entry was reported for the overload."""
+    with pytest.raises(KeyError) as info:
+        d.entry(name)
+    text = str(info.value)
+    assert "native_functions.yaml has it" not in text
+    base, _, overload = name.partition(".")
+    assert f"has no overload {overload!r}" in text
+
+
+@given(base=st.sampled_from(["convolution", "convolution_backward", "_slow_conv2d_backward",
+                             "add", "mul"]),
+       overload=st.from_regex(r"[a-z_]{1,12}", fullmatch=True))
+def test_an_overload_said_to_exist_does_exist(base: str, overload: str) -> None:
+    """Class of D16: whatever the error claims about native_functions.yaml is true."""
+    name = f"{base}.{overload}"
+    try:
+        d.entry(name)
+    except KeyError as err:
+        if "native_functions.yaml has it" in str(err) or "CompositeImplicit" in str(err):
+            d.schema(name if overload != "default" else base)  # must exist
+        return
+
+
 @given(st.text(max_size=30))
 def test_any_string_gives_an_entry_or_a_clear_error(text: str) -> None:
     try:

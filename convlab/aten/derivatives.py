@@ -417,7 +417,14 @@ def _resolve(base: str, overload: str | None, index: dict[str, Any], where: str)
             )
     wanted = _join(base, overload or "")
     message = f"{wanted!r} is not in {where}"
-    native = _native_index().get(wanted) or _native_index().get(base)
+    native = _native_index().get(wanted)  # the exact op: never the base of a bad overload
+    if native is None and overload:
+        known = sorted({"default" if k == base else k.partition(".")[2]
+                        for k in (*index, *_native_index())
+                        if k == base or k.startswith(base + ".")})
+        if known:
+            message += (f" (op {base} has no overload {overload!r}; its overloads in the "
+                        f"installed yaml files: {', '.join(known)})")
     if where == "derivatives.yaml" and native is not None:
         if native.composite_implicit:
             message += (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import re
 import threading
+import time
 import warnings
 from pathlib import Path
 
@@ -392,3 +393,72 @@ def test_a_thread_waits_for_another_backend_to_be_released(monkeypatch) -> None:
     assert "waited" in str(outcome[0])
     with use_backend(other):  # free again once the holder left
         pass
+
+
+def _second_backend() -> str:
+    other = next((n for n in ("mkldnn", "nnpack") if n in available_backends("cpu")), None)
+    if other is None:
+        pytest.skip("needs a second forcible CPU backend")
+    return other
+
+
+def test_two_threads_nesting_a_switch_inside_a_shared_block_fail_fast() -> None:
+    """Regression (issue 21, nested use_backend across threads): both threads inside
+    use_backend("slow") nest another backend; each waits for the other to leave, which
+    used to block both for WAIT_SECONDS (120 s) and then raise a bare "waited" error. Now the
+    second to ask raises at once, saying it would deadlock and naming the other thread; the
+    first then switches and finishes."""
+    other = _second_backend()
+    before = flags_now()
+    inside = threading.Barrier(2, timeout=10)
+    first_waits = threading.Event()
+    results: dict[str, object] = {}
+
+    def worker(t: int) -> None:
+        name = f"nester-{t}"
+        threading.current_thread().name = name
+        try:
+            with use_backend("slow"):
+                inside.wait()
+                if t == 1:
+                    first_waits.wait(0.5)  # let thread 0 start waiting first
+                else:
+                    first_waits.set()
+                with use_backend(other):
+                    results[name] = "switched"
+        except RuntimeError as exc:
+            results[name] = exc
+
+    start = time.monotonic()
+    run_threads(worker, 2)
+    elapsed = time.monotonic() - start
+    errors = [r for r in results.values() if isinstance(r, RuntimeError)]
+    assert sorted(results) == ["nester-0", "nester-1"]
+    assert len(errors) == 1 and list(results.values()).count("switched") == 1, results
+    text = str(errors[0])
+    assert "deadlock" in text and "'slow'" in text and "nester-" in text
+    assert elapsed < 60  # not the 120 s wait
+    assert flags_now() == before
+
+
+def test_a_timed_out_wait_names_the_holder_and_its_backend(monkeypatch) -> None:
+    other = _second_backend()
+    monkeypatch.setattr(backends, "WAIT_SECONDS", 0.2)
+    entered, release = threading.Event(), threading.Event()
+
+    def holder() -> None:
+        with use_backend("slow"):
+            entered.set()
+            release.wait(5)
+
+    t = threading.Thread(target=holder, name="slow-holder")
+    t.start()
+    entered.wait(5)
+    try:
+        with pytest.raises(RuntimeError) as info, use_backend(other):
+            pass
+    finally:
+        release.set()
+        t.join()
+    text = str(info.value)
+    assert "'slow-holder'" in text and "use_backend('slow')" in text and "process-wide" in text

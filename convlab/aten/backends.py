@@ -247,14 +247,27 @@ class _FlagHolder:
     that is the only holder may nest a different backend (its block restores the outer
     setting when it leaves). The flags seen before the first block are restored when the
     last block closes.
+
+    A thread inside a block that asks for a different setting while other threads hold
+    blocks waits for them; if they all wait for it in turn (each nesting a switch inside a
+    shared block), the last to ask raises at once, naming the threads and backends, instead
+    of all of them waiting ``WAIT_SECONDS``. A wait that times out says which threads hold
+    which backend.
     """
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
         self.users: dict[int, int] = {}
         self.active: tuple[tuple[str, bool], ...] | None = None
+        self.active_name: str | None = None
         self.saved: dict[str, bool] = {}
         self.nested = 0  # open blocks that switched the setting inside an outer one
+        self.names: dict[int, str] = {}  # thread names of the holders, for messages
+        self.waiting: set[int] = set()  # holders waiting to switch to another setting
+
+    def _holders(self, me: int) -> str:
+        others = [self.names.get(t, str(t)) for t in self.users if t != me]
+        return ", ".join(repr(n) for n in others) or "none"
 
     def enter(self, name: str, flags: tuple[tuple[str, bool], ...]) -> tuple | None:
         """Hold ``flags``; returns the setting to restore on exit for a nested switch."""
@@ -264,38 +277,61 @@ class _FlagHolder:
                 if not self.users:
                     self.saved = _get_flags()
                     _set_flags(dict(flags))
-                    self.active = flags
+                    self.active, self.active_name = flags, name
                     self.users[me] = 1
+                    self.names[me] = threading.current_thread().name
                     return None
                 if self.active == flags and self.nested == 0:
                     self.users[me] = self.users.get(me, 0) + 1
+                    self.names[me] = threading.current_thread().name
                     return None
                 if set(self.users) == {me}:
-                    previous = (self.active, _get_flags())
+                    previous = (self.active, self.active_name, _get_flags())
                     _set_flags(dict(flags))
-                    self.active = flags
+                    self.active, self.active_name = flags, name
                     self.users[me] += 1
                     self.nested += 1
                     return previous
-                if not self.cond.wait(timeout=WAIT_SECONDS):
+                holding = me in self.users
+                if holding and all(t in self.waiting for t in self.users if t != me):
                     raise RuntimeError(
-                        f"use_backend({name!r}) waited {WAIT_SECONDS:.0f} s for other threads "
-                        "to stop forcing a different backend (the flags are process-wide)"
+                        f"use_backend({name!r}) would deadlock: this thread "
+                        f"({threading.current_thread().name!r}) is inside "
+                        f"use_backend({self.active_name!r}), and so are threads "
+                        f"{self._holders(me)}, which wait for this thread to leave it so that "
+                        "they can switch too. The flags are process-wide: a nested switch to "
+                        "another backend needs every other thread out of its blocks"
                     )
+                if holding:
+                    self.waiting.add(me)
+                try:
+                    if not self.cond.wait(timeout=WAIT_SECONDS):
+                        raise RuntimeError(
+                            f"use_backend({name!r}) in thread "
+                            f"{threading.current_thread().name!r} waited {WAIT_SECONDS:.0f} s "
+                            f"for threads {self._holders(me)} to leave "
+                            f"use_backend({self.active_name!r})"
+                            + (" (this thread is inside it too, so it cannot switch before "
+                               "they leave)" if holding else "")
+                            + ": the backend flags are process-wide, one setting at a time"
+                        )
+                finally:
+                    self.waiting.discard(me)
 
     def exit(self, previous: tuple | None) -> None:
         me = threading.get_ident()
         with self.cond:
             if previous is not None:
-                self.active, flags = previous
+                self.active, self.active_name, flags = previous
                 _set_flags(flags)
                 self.nested -= 1
             self.users[me] -= 1
             if self.users[me] == 0:
                 del self.users[me]
+                self.names.pop(me, None)
             if not self.users:
                 _set_flags(self.saved)
-                self.active = None
+                self.active = self.active_name = None
             self.cond.notify_all()
 
 

@@ -46,6 +46,19 @@ def test_doctor_passes_here(doctor_output) -> None:
     assert "resnet56" in text and "MkldnnTranspose" in text and "SlowDilated2d" in text
 
 
+def test_doctor_prints_the_machine_fingerprint(doctor_output) -> None:
+    from convlab.lab import machine
+
+    _, text = doctor_output
+    section = text.split("== machine fingerprint")[1].split("\n==")[0]
+    fp = machine.fingerprint()
+    assert machine.fingerprint_line(fp) in section
+    assert f"ATen {torch.backends.cpu.get_cpu_capability()}" in section
+    assert "ISA settings `make records` measures here: " in section
+    if torch.backends.mkldnn.is_available():
+        assert str(fp["onednn_isa"]) in section
+
+
 def test_doctor_has_an_accuracy_section(doctor_output) -> None:
     _, text = doctor_output
     section = text.split("== accuracy")[1].split("==")[0]

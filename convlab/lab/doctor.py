@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from convlab.aten import native
-from convlab.lab import bench, paths
+from convlab.lab import bench, machine, paths
 from convlab.lab.paths import CASES, Layer, NotApplicable
 from convlab.scratch import reference
 
@@ -253,6 +253,27 @@ def _versions(device: torch.device) -> list[tuple[str, str]]:
     return rows
 
 
+def fingerprint_lines() -> list[str]:
+    """:func:`convlab.lab.machine.fingerprint` as short lines: the summary, then details."""
+    fp = machine.fingerprint()
+    blas = fp["blas"]
+    numpy_blas = blas.get("numpy_blas")
+    if isinstance(numpy_blas, list):
+        numpy_blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['architecture']}, "
+                               f"{b['num_threads']} threads)" for b in numpy_blas) or "none"
+    settings = ", ".join(s.label for s in machine.available_settings()) or "none"
+    return [
+        machine.fingerprint_line(fp),
+        f"CPU flags: {' '.join(fp['isa_flags']) or '(none read)'}",
+        f"ISA settings `make records` measures here: {settings}",
+        f"oneDNN implementations: {fp['onednn_implementations'] or 'none'}",
+        f"oneDNN bf16/fp16 supported: {fp['mkldnn_bf16_supported']}/"
+        f"{fp['mkldnn_fp16_supported']}",
+        f"NumPy BLAS: {numpy_blas}",
+        f"ISA caps set: {fp['isa_env'] or 'none'}",
+    ]
+
+
 def selection_table(device: torch.device) -> list[tuple[str, str, str, str, str]]:
     """``(layer, shape, float32, float64, forced slow)`` backend names for the suite layers.
 
@@ -299,6 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     print("== environment")
     for key, value in _versions(device):
         print(f"  {key:<12} {value}")
+    print("\n== machine fingerprint (what stored measurements record)")
+    for line in fingerprint_lines():
+        print(f"  {line}")
     print(f"\n== backends use_backend() can force on {device.type}")
     print("  " + ", ".join(native.available_backends(device)))
     print(f"\n== backend each `convlab bench` layer selects on {device.type} (requires_grad)")

@@ -171,8 +171,38 @@ def parse_mkl_verbose(text: str) -> str | None:
 def onednn_probe() -> dict[str, object]:
     """Run one small conv forward+backward with oneDNN verbose on; parse what it printed.
 
-    Cached: oneDNN prints its ``isa:`` line once per process. Leaves verbose off.
+    Cached. oneDNN prints its ``isa:`` line once per process: if verbose output was already
+    on earlier in this process, the line comes from a fresh process (same environment).
+    Leaves verbose off.
     """
+    found = _onednn_probe_here()
+    if found["isa_info"] is None and torch.backends.mkldnn.is_available():
+        found["isa_info"] = _fresh_probes()[0].get("isa_info")
+    return found
+
+
+def _fresh_probes() -> tuple[dict[str, object], str | None]:
+    """:func:`onednn_probe` and :func:`mkl_probe` run in a new Python process."""
+    import json
+    import subprocess
+
+    if os.environ.get(_NO_SUBPROCESS):
+        return {}, None
+    code = ("import json; from convlab.lab import machine as m; "
+            "print(json.dumps([m._onednn_probe_here(), m._mkl_probe_here()]))")
+    try:
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, timeout=120, env={**os.environ, _NO_SUBPROCESS: "1"})
+        onednn, mkl = json.loads(out.stdout.strip().splitlines()[-1])
+        return onednn, mkl
+    except (subprocess.SubprocessError, OSError, ValueError, IndexError):
+        return {}, None
+
+
+_NO_SUBPROCESS = "CONVLAB_MACHINE_PROBE_CHILD"
+
+
+def _onednn_probe_here() -> dict[str, object]:
     if not torch.backends.mkldnn.is_available():
         return {"isa_info": None, "implementations": {}}
     gen = torch.Generator().manual_seed(0)
@@ -188,7 +218,17 @@ def onednn_probe() -> dict[str, object]:
 
 @functools.lru_cache(maxsize=1)
 def mkl_probe() -> str | None:
-    """MKL's announced code path (from one small verbose ``torch.mm``), or None."""
+    """MKL's announced code path (from one small verbose ``torch.mm``), or None.
+
+    Cached; like oneDNN, MKL prints its header once per process (else: a fresh process).
+    """
+    found = _mkl_probe_here()
+    if found is None and torch.backends.mkl.is_available():
+        found = _fresh_probes()[1]
+    return found
+
+
+def _mkl_probe_here() -> str | None:
     if not torch.backends.mkl.is_available():
         return None
     a = torch.ones(32, 32)

@@ -227,6 +227,8 @@ def _aliasing_cases(go, x, w):
         "grad_bias aliases grad_weight": ([_fresh(), gw_ok, gw_ok.view(-1)[: w.shape[0]]],
                                           "grad_weight|grad_bias"),
         "grad_input a slice of a bigger tensor": ([big[:10], gw_ok, gb_ok], "view"),
+        "grad_input a detached slice": ([big[10:12].detach(), gw_ok, gb_ok], "grad_input"),
+        "grad_weight a .data slice": ([_fresh(), big[10:12].data, gb_ok], "grad_weight"),
         "two outputs overlap in one storage": (
             [shared[: x.numel()].view(x.shape), shared[x.numel() - 1:][: w.numel()].view(w.shape),
              gb_ok], "grad_input.*grad_weight"),
@@ -238,6 +240,7 @@ def _aliasing_cases(go, x, w):
 @pytest.mark.parametrize("case", ["grad_input is input", "grad_input is grad_output (resized)",
                                   "grad_weight is weight", "grad_bias aliases grad_weight",
                                   "grad_input a slice of a bigger tensor",
+                                  "grad_input a detached slice", "grad_weight a .data slice",
                                   "two outputs overlap in one storage", "grad_bias expanded"])
 def test_slow_conv2d_backward_out_refuses_unsafe_buffers(ext, case: str) -> None:
     go, x, w, k, s, p = slow_case("strided-padded")
@@ -252,6 +255,7 @@ def test_slow_conv2d_backward_out_refuses_unsafe_buffers(ext, case: str) -> None
 
 @pytest.mark.parametrize("case", ["grad_input is input", "grad_input is grad_output (resized)",
                                   "grad_input a slice of a bigger tensor",
+                                  "grad_input a detached slice", "grad_weight a .data slice",
                                   "grad_bias aliases grad_weight"])
 def test_raw_op_refuses_unsafe_buffers_in_cpp(ext, case: str) -> None:
     go, x, w, k, s, p = slow_case("strided-padded")
@@ -265,6 +269,7 @@ def test_raw_op_refuses_unsafe_buffers_in_cpp(ext, case: str) -> None:
 
 
 BUFFER_KINDS = ["empty", "right", "big_owned", "input", "grad_output", "weight", "view",
+                "detached_view", "data_view",
                 "same_as_previous"]
 
 
@@ -283,6 +288,8 @@ def test_any_buffer_choice_is_refused_or_right(ext, kinds) -> None:
             "big_owned": lambda: torch.empty(1000, dtype=F64),
             "input": lambda: x, "grad_output": lambda: go, "weight": lambda: w,
             "view": lambda: guard[5:9],
+            "detached_view": lambda: guard[5:9].detach(),  # no view to autograd (D3)
+            "data_view": lambda: guard[5:9].data,
             "same_as_previous": lambda: bufs[-1] if bufs else _fresh(),
         }[kind]())
     before = [t.clone() for t in (go, x, w, guard)]

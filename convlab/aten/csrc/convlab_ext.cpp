@@ -14,6 +14,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/ops/_slow_conv2d_backward.h>
 #include <ATen/ops/convolution_backward.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include <array>
@@ -39,16 +40,35 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
 using Named = std::pair<const at::Tensor*, const char*>;
 
 // An out= buffer of the wrong shape is resized, and resize_ keeps a storage
-// that is big enough: a view, or a buffer sharing storage with another
-// argument, would then be written outside its own elements. A buffer of the
-// right shape must not overlap the other arguments (the kernel would read what
-// it has already overwritten).
+// that is big enough and writes from the buffer's offset. Whether that stays
+// inside the buffer is a fact about its storage, not about autograd's view
+// bookkeeping: big.narrow(0, 10, 2).detach() is no view, yet shares big's
+// storage. The rule of convlab/scratch/storage.py: resize only a buffer that
+// spans its whole storage, or a contiguous one that already has the elements
+// the new shape needs. A buffer of the right shape must not overlap the other
+// arguments (the kernel would read what it has already overwritten).
+bool safe_to_resize(const at::Tensor& buf, at::IntArrayRef shape) {
+  int64_t extent = buf.numel() == 0 ? 0 : 1;
+  if (extent) {
+    for (int64_t d = 0; d < buf.dim(); ++d) {
+      extent += (buf.size(d) - 1) * buf.stride(d);
+    }
+  }
+  const bool spans =
+      buf.storage_offset() == 0 &&
+      extent * static_cast<int64_t>(buf.element_size()) ==
+          static_cast<int64_t>(buf.storage().nbytes());
+  return spans || (buf.is_contiguous() && c10::multiply_integers(shape) <= buf.numel());
+}
+
 void check_buffer(const Named& out, at::IntArrayRef shape,
                   const std::vector<Named>& others) {
   const at::Tensor& buf = *out.first;
   if (buf.sizes() != shape) {
-    TORCH_CHECK(!buf.is_view(), "slow_conv2d_backward_out: ", out.second,
-                " has the wrong shape and is a view: "
+    TORCH_CHECK(safe_to_resize(buf, shape), "slow_conv2d_backward_out: ",
+                out.second,
+                " has the wrong shape and shares its storage with memory "
+                "outside it (a view, or a .detach()/.data of a slice): "
                 "resizing it would write outside it");
     for (const auto& other : others) {
       TORCH_CHECK(!buf.is_alias_of(*other.first),

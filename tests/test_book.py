@@ -177,3 +177,61 @@ def test_nbval_honours_the_ignore_output_tag(tmp_path: Path) -> None:
     assert untagged.returncode != 0, "nbval did not notice a changed output (the guard)"
     tagged = _nbval(tmp_path, [IGNORE_OUTPUT_TAG])
     assert tagged.returncode == 0, f"nbval ignored the tag:\n{tagged.stdout[-2000:]}"
+
+
+# Words that name an instruction set, a oneDNN implementation or a blocked layout: in a
+# compared output they make nbval fail on another CPU (REVIEW: "block of 8" vs 16 vs 1).
+ISA_TOKEN = re.compile(
+    r"(AVX-?512|AVX2|SSE4(?:\.?[12])?|\bisa:|\bjit:|\bblock of \d+"
+    r"|\b(?=[a-fA-F]*[A-F])(?=[a-fA-F]*[a-f])[a-fA-F]{2,6}(?:\d+[a-fA-F])+\b)",
+    re.IGNORECASE,
+)
+# Cells whose code reads the committed measurement records print the same text on every
+# machine (the records are data in the repository): their outputs may name ISAs. A cell
+# reads them when its code says so, or uses a name (function or variable) defined by a
+# cell that does. (The second nbval run, under the SSE4.1 setting, is the full check.)
+READS_RECORDS = re.compile(r"\b(load_records|records?)\b|\.section\(", re.IGNORECASE)
+DEFINED = re.compile(r"^(?:def|class)\s+(\w+)|^(\w+)\s*(?::[^=\n]*)?=(?!=)|^for\s+(\w+)\s",
+                     re.MULTILINE)
+
+
+def _record_cells(cells: list[nbformat.NotebookNode]) -> set[int]:
+    names: set[str] = set()
+    found = set()
+    for i, cell in enumerate(cells):
+        used = re.findall(r"\b\w+\b", cell.source)
+        if READS_RECORDS.search(cell.source) or names.intersection(used):
+            found.add(i)
+            names |= {n for m in DEFINED.findall(cell.source) for n in m if n}
+    return found
+
+
+def _compared_texts(cell: nbformat.NotebookNode) -> list[str]:
+    texts = []
+    for out in cell.outputs:
+        if out.output_type == "stream":
+            texts.append(out.text)
+        for key, value in out.get("data", {}).items():
+            if key.startswith("text/"):
+                texts.append("".join(value) if isinstance(value, list) else value)
+    return texts
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_compared_outputs_name_no_instruction_set(path: Path) -> None:
+    """No compared (not ``nbval-ignore-output``) output may print an ISA name, a oneDNN
+    ``isa:``/``jit:`` string, a blocked layout such as aBcd8b, or a block size: those
+    differ between CPUs (and between ISA settings of one CPU), so nbval would fail there.
+    Outputs rendered from the committed records are exempt (``READS_RECORDS``)."""
+    nb = nbformat.read(path, as_version=4)
+    cells = code_cells(nb)
+    from_records = _record_cells(cells)
+    found = []
+    for i, cell in enumerate(cells):
+        if IGNORE_OUTPUT_TAG in cell.metadata.get("tags", []) or i in from_records:
+            continue
+        for text in _compared_texts(cell):
+            for match in ISA_TOKEN.finditer(text):
+                found.append(f"code cell {i}: {match.group(0)!r}")
+    assert not found, "ISA-dependent words in compared outputs: " + ", ".join(found[:10])
+

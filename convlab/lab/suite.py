@@ -40,17 +40,22 @@ from convlab.lab.timing import (
     verdict_of,
 )
 
-FULL = {"rounds": 7, "min_calls": 20, "min_run_time": 0.05}
+FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 2, "min_run_time": 0.01}
 QUICK_LAYERS = ("cifar5", "depthwise", "conv1d")
+# resnet56, resnet28 and resnet14 have the same MACs (ResNet's stages trade H*W for
+# channels); the records time resnet14 only, to fit a 2-core machine (`convlab bench`
+# times all three).
+FULL_LAYERS = tuple(layer.name for layer in paths.SUITE
+                    if layer.name not in ("resnet56", "resnet28"))
 # Layers whose ``native`` path is timed too, against its forced twin: the A/A pairs whose
 # per-round ratios, pooled, give the band (small to big, so the band covers both).
-AA_LAYERS = ("resnet14", "cifar5", "depthwise", "conv1d", "grouped")
-SPLIT_LAYERS = ("resnet28", "depthwise")
+AA_LAYERS = ("cifar5", "depthwise", "conv1d", "grouped", "dilated")
+SPLIT_LAYERS = ("resnet14", "depthwise")
 QUICK_SPLIT = ("depthwise",)
 C_IN = (3, 16, 64)
 QUICK_C_IN = (3, 64)
-THREAD_LAYERS = ("resnet28", "depthwise")
+THREAD_LAYERS = ("conv1d", "depthwise")  # compute-bound and memory-bound
 METHOD_TEXT = (
     "interleaved rounds in a seeded random order; each round times >= min_calls calls per "
     "candidate (median over <= 10 blocks); ratios are per round; the A/A band is the "
@@ -278,20 +283,22 @@ def flop_check(layers: Sequence[Layer]) -> list[dict[str, Any]]:
 def record(quick: bool = False) -> dict[str, Any]:
     """The ``suite`` section (module docstring); ``quick``: fewer layers, rounds and calls."""
     cfg = QUICK if quick else FULL
-    layers = paths.suite_layers(list(QUICK_LAYERS) if quick else None)
+    layers = paths.suite_layers(list(QUICK_LAYERS if quick else FULL_LAYERS))
     rows, band, n_pairs = _main(layers, cfg)
     out: dict[str, Any] = {
         "method": {**cfg, "seed": 0, "text": METHOD_TEXT, "threads": torch.get_num_threads()},
         "flop_formula": paths.FLOP_FORMULA,
         "bytes_formula": "min_bytes: every operand read once, every result written once",
-        "aa_band": band, "aa_pairs": n_pairs, "layers": rows, "summary": _summary(rows),
+        "aa_band": band, "aa_pairs": n_pairs, "aa_layers": [n for n in AA_LAYERS if any(
+            r["layer"] == n for r in rows)],
+        "layers_note": "resnet56/resnet28 not timed: same MACs as resnet14" if not quick
+        else "quick: a subset of the layers",
+        "layers": rows, "summary": _summary(rows),
     }
     out["split"] = _split(paths.suite_layers(list(QUICK_SPLIT if quick else SPLIT_LAYERS)),
                           cfg, band)
     try:
-        out["channels_last"] = _channels_last(paths.suite_layers(["resnet28"])[0]
-                                              if not quick else paths.suite_layers(
-                                                  ["cifar5"])[0], cfg, band)
+        out["channels_last"] = _channels_last(paths.suite_layers(["cifar5"])[0], cfg, band)
     except (NotApplicable, RuntimeError) as err:
         out["channels_last"] = {"error": f"{type(err).__name__}: {err}"}
     out["c_in_sweep"] = _c_in_sweep(QUICK_C_IN if quick else C_IN, cfg, band)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 import tracemalloc
 
 import pytest
@@ -52,21 +53,33 @@ def test_redirect_fd_rejects_a_bad_fd():
         pass
 
 
-def test_overlapping_redirects_from_threads_restore_stdout_and_stderr(tmp_path):
-    """D11: each thread's redirection restores exactly what it replaced."""
-    before = _fd_target(1), _fd_target(2)
+def _overlapping_redirects(redirect, tmp_path, fd: int) -> None:
+    """Two threads redirect ``fd``; without a lock both get inside, and the one that entered
+    first leaves first (not last-in first-out), which restored the second one's saved
+    target: the first thread's file, deleted by then."""
+    order: list[int] = []
     in_block = threading.Barrier(2, timeout=0.5)
 
     def body(i: int) -> None:
-        with capture.redirect_fd(1, str(tmp_path / f"log{i}")):
+        with redirect(fd, str(tmp_path / f"log{i}")):
+            order.append(i)
             try:  # with the lock the other thread cannot be inside at the same time
                 in_block.wait()
             except threading.BrokenBarrierError:
                 pass
-            os.write(1, b"x")
+            if order.index(i) == 1:
+                time.sleep(0.1)  # the second to enter leaves last
+            os.write(fd, b"x")
 
-    errors = _run_threads(body, 6)
+    errors = _run_threads(body, 2)
     assert not errors, errors
+
+
+@pytest.mark.parametrize("fd", [1, 2])
+def test_overlapping_redirects_from_threads_restore_stdout_and_stderr(tmp_path, fd):
+    """Regression (D11): each thread's redirection restores exactly what it replaced."""
+    before = _fd_target(1), _fd_target(2)
+    _overlapping_redirects(capture.redirect_fd, tmp_path, fd)
     assert (_fd_target(1), _fd_target(2)) == before
 
 

@@ -57,11 +57,13 @@ class IsaSetting:
 
 
 # Widest first. Each one caps both libraries; a cap above the CPU is silently ignored by
-# oneDNN, so only settings whose flags the CPU has are offered.
+# oneDNN, so only settings whose flags the CPU has are offered. The markers are words of
+# oneDNN's own description of each cap (its dispatcher-control documentation), as its
+# verbose ``isa:`` line prints it.
 ISA_SETTINGS: tuple[IsaSetting, ...] = (
     IsaSetting("amx", "AVX512_CORE_AMX", "avx512", "AVX512", "AMX",
                ("avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16")),
-    IsaSetting("avx512_fp16", "AVX512_CORE_FP16", "avx512", "AVX512", "float16",
+    IsaSetting("avx512_fp16", "AVX512_CORE_FP16", "avx512", "AVX512", "with float16",
                ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_fp16")),
     IsaSetting("avx512_bf16", "AVX512_CORE_BF16", "avx512", "AVX512", "bfloat16",
                ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),

@@ -12,7 +12,11 @@ names its ``apply`` looks up in the dispatcher (``findSchemaOrThrow("aten::...")
 the name as a string literal; the literal is found through the ``lea`` before the call in
 ``objdump`` output of ``libtorch_cpu.so``). It also prints the operators that
 ``at::native::_convolution`` and ``_convolution_nogroup`` look up: the forward backends.
-Needs ``unzip``, ``nm`` and ``objdump`` (binutils >= 2.32); takes about a minute.
+Needs ``unzip``, ``nm`` and ``objdump``; takes about a minute. The operator look-ups are
+found in the code generated up to about 1.9 (a ``findSchemaOrThrow`` per call site); in
+later wheels (1.10 and on) the calls go through ``at::_ops`` and show as ``-``, while the
+saved tensors are still printed (e.g. ``ThnnConv2DBackward0: saves self, weight, finput,
+fgrad_input`` in 1.10.1).
 """
 
 from __future__ import annotations

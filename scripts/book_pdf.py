@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import functools
 import http.server
+import re
 import subprocess
 import sys
 import threading
@@ -52,7 +53,17 @@ def serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
-def print_pdf(url: str, out: Path) -> None:
+def landing(single: Path) -> str:
+    """The page to print: singlehtml writes the book to the root document's path
+    (``book/intro.html``, which index.html redirects to) but links its assets as if it
+    sat in the top folder (``_static/``), so a copy there is what renders completely."""
+    redirect = re.search(r'url=([^"]+)"', (single / "index.html").read_text())
+    page = single / (redirect.group(1) if redirect else "index.html")
+    (single / "_print.html").write_text(page.read_text(encoding="utf-8"), encoding="utf-8")
+    return "_print.html"
+
+
+def print_pdf(url: str, out: Path, single: Path) -> None:
     from playwright.sync_api import sync_playwright
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -63,8 +74,8 @@ def print_pdf(url: str, out: Path) -> None:
                   "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1"],
         )
         try:
-            page = browser.new_page(viewport={"width": 1100, "height": 1400})
-            page.goto(url + "index.html", wait_until="load", timeout=120_000)
+            page = browser.new_page(viewport={"width": 688, "height": 1000})
+            page.goto(url + landing(single), wait_until="load", timeout=120_000)
             if page.evaluate("() => document.querySelector('.math') !== null"):
                 page.wait_for_function(
                     "() => window.MathJax && MathJax.startup && MathJax.startup.promise",
@@ -72,6 +83,14 @@ def print_pdf(url: str, out: Path) -> None:
                 )
                 page.evaluate("() => MathJax.startup.promise")
             page.emulate_media(media="print")
+            # A4 less the margins is about 688 CSS px: no code box may be cut at that width.
+            page.set_viewport_size({"width": 688, "height": 1000})
+            cut = page.evaluate(
+                "() => [...document.querySelectorAll('pre')]"
+                ".filter(p => p.scrollWidth > p.clientWidth + 1).length"
+            )
+            if cut:
+                raise SystemExit(f"{cut} code boxes would be cut in print (book.css @media print)")
             page.pdf(
                 path=str(out), format="A4", print_background=True,
                 margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"},
@@ -98,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     server, url = serve(single)
     try:
-        print_pdf(url, args.out)
+        print_pdf(url, args.out, single)
     finally:
         server.shutdown()
         server.server_close()

@@ -720,7 +720,7 @@ def landing_structure(tab: object) -> dict:
       // The questions: headings ending in "?", each with an anchor in the page contents,
       // answered first by a paragraph that starts in bold.
       const toc = [...document.querySelectorAll('.bd-sidebar-secondary a[href^="#"]')]
-        .map(a => a.getAttribute('href').slice(1));
+        .filter(a => a.checkVisibility()).map(a => a.getAttribute('href').slice(1));
       const questions = blocks.map((b, i) => [b, i]).filter(([b]) =>
         /^H[23]$/.test(b.tagName) && b.innerText.replace(/#$/, '').trim().endsWith('?'));
       const answers = questions.map(([, i]) => i);

@@ -958,12 +958,19 @@ def test_chapters_have_edit_and_issue_buttons(visits: dict) -> None:
 
 
 def test_book_pdf_is_linked_only_when_it_exists(visits: dict) -> None:
+    """``make pdf``'s book is in every page's download menu, and only if it was built."""
     linked = [
         v.page for v in at(visits, WIDE)
         if any(urlsplit(h).path.endswith("/book.pdf") for h in v.data["links"])
     ]
+    with_menu = [
+        v.page for v in at(visits, WIDE)
+        if any(b["title"] == "Print to PDF" for b in v.data["buttons"])
+    ]
     if (HTML / "book.pdf").is_file():
-        assert len(linked) == len(at(visits, WIDE)), "pages without the book.pdf link"
+        assert with_menu, "no page has the download menu"
+        missing = sorted(set(with_menu) - set(linked))
+        assert not missing, f"pages whose download menu lacks book.pdf: {missing[:5]}"
     else:
         assert not linked, f"book.pdf is linked but not built (make pdf): {linked[:3]}"
 

@@ -92,12 +92,18 @@ def record(quick: bool = False) -> dict[str, Any]:
 def fractions(suite: Mapping[str, Any], roofline: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Each suite layer and path (full backward) on this machine's roofline.
 
-    Uses the peak and triad bandwidth at the thread count the suite ran with.
+    The ceilings are the best rates measured at up to the suite's thread count (more
+    threads never lower what the machine can do, so a lower reading at more threads is
+    noise of a shared machine, and the best reading is the safer lower bound).
     """
-    threads = str(suite["method"]["threads"])
-    peak = roofline["peak_gflops"].get(threads) or max(roofline["peak_gflops"].values())
-    bandwidth = roofline["triad_gbytes_s"].get(threads) or max(
-        roofline["triad_gbytes_s"].values())
+    threads = int(suite["method"]["threads"])
+
+    def best(rates: Mapping[str, float]) -> float:
+        usable = [v for k, v in rates.items() if int(k) <= threads]
+        return max(usable or rates.values())
+
+    peak = best(roofline["peak_gflops"])
+    bandwidth = best(roofline["triad_gbytes_s"])
     rows = []
     for layer in suite["layers"]:
         for path, t in layer["times"].items():

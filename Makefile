@@ -24,7 +24,7 @@ help:
 	@echo "make gpu-check   on a CUDA machine: CUDA tests + every notebook on the GPU"
 	@echo "make bench       benchmarks (never part of make test)"
 	@echo "make records [QUICK=1] [SECTIONS=\"suite roofline\"]  measurement records per ISA"
-	@echo "make compat TORCH=2.9.1 [RECORD=1]  chapters + tests on another torch (throwaway venv)"
+	@echo "make compat TORCH=2.9.1 [RECORD=1] [CPP_ONLY=1]  chapters + tests (or only the C++ program) on another torch"
 	@echo "make clean       remove _build and caches (keeps .venv)"
 
 $(STAMP): requirements.txt pyproject.toml
@@ -94,7 +94,7 @@ records: $(STAMP)
 # Not part of `make test`: each version downloads a multi-GB wheel.
 compat:
 	@test -n "$(TORCH)" || { echo "usage: make compat TORCH=2.9.1 [RECORD=1]"; exit 2; }
-	$(PYTHON) scripts/compat.py --torch $(TORCH) $(if $(RECORD),--record)
+	$(PYTHON) scripts/compat.py --torch $(TORCH) $(if $(RECORD),--record) $(if $(CPP_ONLY),--cpp-only)
 
 clean:
 	rm -rf _build .cache .pytest_cache .hypothesis .ruff_cache

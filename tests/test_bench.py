@@ -317,4 +317,4 @@ def test_cli_quick_defaults(tmp_path, monkeypatch) -> None:
     monkeypatch.setattr(bench, "benchmark", fake)
     assert cli.bench_main(["--quick", "--out", str(tmp_path)]) == 0
     assert seen == {"layers": list(bench.QUICK_LAYERS), "passes": ["backward",
-                    "forward_backward"], "rounds": 5, "min_run_time": 0.1, "memory": False}
+                    "forward_backward"], "rounds": 7, "min_run_time": 0.1, "memory": False}

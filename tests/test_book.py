@@ -188,8 +188,10 @@ ISA_TOKEN = re.compile(
 )
 # Cells whose code reads the committed measurement records print the same text on every
 # machine (the records are data in the repository): their outputs may name ISAs. A cell
-# reads them when its code says so, or uses a name (function or variable) defined by a
-# cell that does. (The second nbval run, under the SSE4.1 setting, is the full check.)
+# reads them when its code says so, uses a name (function or variable) defined by a cell
+# that does, or is tagged FROM_RECORDS_TAG. (The second nbval run, under the SSE4.1
+# setting, is the full check.)
+FROM_RECORDS_TAG = "from-records"
 READS_RECORDS = re.compile(r"\b(load_records|records?)\b|\.section\(", re.IGNORECASE)
 DEFINED = re.compile(r"^(?:def|class)\s+(\w+)|^(\w+)\s*(?::[^=\n]*)?=(?!=)|^for\s+(\w+)\s",
                      re.MULTILINE)
@@ -200,7 +202,8 @@ def _record_cells(cells: list[nbformat.NotebookNode]) -> set[int]:
     found = set()
     for i, cell in enumerate(cells):
         used = re.findall(r"\b\w+\b", cell.source)
-        if READS_RECORDS.search(cell.source) or names.intersection(used):
+        tagged = FROM_RECORDS_TAG in cell.metadata.get("tags", [])
+        if READS_RECORDS.search(cell.source) or names.intersection(used) or tagged:
             found.add(i)
             names |= {n for m in DEFINED.findall(cell.source) for n in m if n}
     return found

@@ -3,7 +3,7 @@
 Two things convlab's measuring code touches are global to the process, not to a thread:
 
 * torch's profiler (kineto) is not re-entrant: two threads profiling at once can crash the
-  process. Every ``torch.profiler.profile`` convlab opens runs under :data:`PROFILER_LOCK`.
+  process. Every ``torch.profiler.profile`` convlab opens runs under ``PROFILER_LOCK``.
 * a file descriptor (1 = stdout, 2 = stderr) belongs to the process: two threads that
   redirect it with overlapping lifetimes restore each other's targets in the wrong order and
   leave stdout pointing at a deleted file. :func:`redirect_fd` holds the same lock.
@@ -30,7 +30,7 @@ def redirect_fd(fd: int, target: str = os.devnull) -> Iterator[None]:
     """Send what C code writes to file descriptor ``fd`` to ``target`` inside the block.
 
     torch.profiler's kineto and oneDNN's verbose mode print from C, past ``sys.stdout``.
-    Holds :data:`PROFILER_LOCK` for the whole block, so concurrent redirections from other
+    Holds ``PROFILER_LOCK`` for the whole block, so concurrent redirections from other
     threads wait and each restores exactly what it replaced.
     """
     if not isinstance(fd, int) or isinstance(fd, bool) or fd < 0:

@@ -123,7 +123,10 @@ class ConvQuery:
         bias: bool = True,
         requires_grad: bool = True,
     ) -> ConvQuery:
-        """A query from shapes, validated by :class:`ConvParams` (ValueError/TypeError)."""
+        """A query from shapes, validated by :class:`~convlab.scratch.params.ConvParams`.
+
+        Raises ValueError/TypeError naming the argument.
+        """
         if not isinstance(dtype, torch.dtype):
             raise TypeError(f"dtype must be a torch.dtype, got {dtype!r}")
         device = str(device).split(":")[0]

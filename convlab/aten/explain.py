@@ -157,7 +157,7 @@ def _candidates(q: ConvQuery, env: Environment) -> list[tuple[str, int, ConvQuer
 
 
 def flips(q: ConvQuery, env: Environment, backend: str) -> tuple[Flip, ...]:
-    """Every single change of :func:`_candidates` that selects another backend."""
+    """Every single change of ``_candidates`` that selects another backend."""
     found = []
     for label, cost, q2, env2 in _candidates(q, env):
         try:
@@ -217,7 +217,7 @@ def explain(query: ConvQuery, env: Environment | None = None,
     """Explain the backend choice for ``query`` (see the module docstring).
 
     ``env`` defaults to this process's state (for a device not here,
-    :meth:`Environment.typical`). With ``kernels``, the backward is traced under gdb
+    ``Environment.typical()``). With ``kernels``, the backward is traced under gdb
     (:func:`convlab.aten.kernels.trace_kernels`; CPU only, a few seconds).
 
     >>> q = ConvQuery.create([1, 3, 8, 8], [4, 3, 3, 3], dtype=torch.float64)

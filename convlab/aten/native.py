@@ -146,7 +146,7 @@ def call_convolution_backward(
 
     The guards, one place for every backend and route convlab calls: every operand gets
     canonical strides (:func:`canonical_strides`), and the slow kernels get dense NCHW
-    operands (:func:`_needs_contiguous`), their results put back in the layout ATen gives.
+    operands (``_needs_contiguous``), their results put back in the layout ATen gives.
     """
     args = (bias_sizes, *p.aten_args(), list(mask))
     backend = backend_name(torch._C._select_conv_backend(input, weight, None, *p.aten_args()))

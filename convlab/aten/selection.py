@@ -17,7 +17,7 @@ Sources, named in each term's ``source``:
   (``torch/include``), i.e. exactly 2.13.
 
 The CUDA, ROCm (MIOpen) and MPS terms are **from source, not run**: no GPU here.
-:attr:`Selection.checked_here` says which kind an answer is.
+``Selection.checked_here`` says which kind an answer is.
 """
 
 from __future__ import annotations
@@ -439,7 +439,7 @@ def select(query: ConvQuery, env: Environment | None = None) -> Selection:
     """The backend ATen's ``select_conv_backend`` picks for ``query`` and the decision path.
 
     ``env`` defaults to this process's state (for a device that is not here:
-    :meth:`Environment.typical`). Raises ValueError where ATen raises (an input with zero
+    ``Environment.typical()``). Raises ValueError where ATen raises (an input with zero
     elements that is not an empty batch or channel dim).
 
     >>> q = ConvQuery.create([1, 3, 8, 8], [4, 3, 3, 3], dtype=torch.float64)

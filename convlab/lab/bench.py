@@ -261,14 +261,16 @@ def benchmark(
     report: Report | None = None,
     min_calls: int = 20,
 ) -> Report:
-    """Time ``paths`` x ``passes`` on ``layers``, layer by layer; return a :class:`Report`.
+    """Time ``paths`` x ``passes`` on ``layers``, layer by layer.
+
+    Returns a :class:`~convlab.lab.bench_report.Report`.
 
     ``layers``: suite names or :class:`~convlab.lab.paths.Layer` objects (default: the suite);
     ``paths``/``passes``: subsets of ``PATHS``/``PASSES`` (``native`` brings its
     A/A twin); ``device`` defaults to CUDA when available; ``threads`` to torch's current
     count (NumPy's BLAS gets the same). Each layer is one :func:`convlab.lab.timing.interleaved`
     run of ``rounds`` rounds of at least ``min_calls`` calls and ``min_run_time`` seconds
-    per candidate (:data:`convlab.lab.timing.MIN_ROUNDS` rounds at least for a verdict).
+    per candidate (``convlab.lab.timing.MIN_ROUNDS`` rounds at least for a verdict).
     ``memory=False`` skips the
     memory measurements, ``gemm=False`` the GEMM yardstick. Results are appended to
     ``report`` as each layer finishes, so an interrupted run keeps what it finished.

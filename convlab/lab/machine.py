@@ -6,7 +6,7 @@ way a user would check them by hand (``ONEDNN_VERBOSE=1``, ``MKL_VERBOSE=1``): o
 convolution forward and backward and one small ``torch.mm`` run with verbose output on,
 and the lines they print are parsed. Both libraries fix their instruction set at start-up
 (``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` cap it downwards), so a fresh process
-is needed to see another one (:data:`ISA_SETTINGS`, used by :mod:`convlab.lab.records`).
+is needed to see another one (``ISA_SETTINGS``, used by :mod:`convlab.lab.records`).
 
 >>> fp = fingerprint()                                      # doctest: +SKIP
 >>> fingerprint_line(fp)                                    # doctest: +SKIP

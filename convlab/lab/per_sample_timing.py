@@ -1,13 +1,13 @@
 """Per-sample weight gradients of a convolution: convlab's routes against what a user would
 pick instead, timed in one interleaved run, and the grouped-vs-im2col crossover.
 
-* :data:`WEIGHT_ROUTES`: given the input and ``grad_output``, every sample's weight
+* ``WEIGHT_ROUTES``: given the input and ``grad_output``, every sample's weight
   gradient: convlab's ``grouped`` and ``im2col`` routes
   (:func:`convlab.scratch.per_sample.per_sample_weight_grad`), ``torch.func.vmap`` over
   ``convolution_backward``, Opacus's grad sampler (``F.unfold`` + ``einsum``), ``unfoldNd``
   (BackPACK's unfold package) + ``einsum``, and BackPACK's ``BatchGrad`` derivative (a
   grouped convolution with input and ``grad_output`` swapped);
-* :data:`STEP_ROUTES`: a forward plus a per-sample backward, as a training step runs it:
+* ``STEP_ROUTES``: a forward plus a per-sample backward, as a training step runs it:
   ``vmap(grad(...))``, ExpandedWeights (``torch.nn.utils._per_sample_grad``), a loop of one
   backward per sample, and the forward alone;
 * :func:`sweep`: grouped against im2col over the batch size and the output positions.
@@ -152,7 +152,7 @@ def _peak_mb(fn: Callable[[], object]) -> float:
 
 
 def compare(quick: bool = False) -> dict[str, object]:
-    """Every route of :func:`routes` on :data:`LAYER`, one interleaved run on one thread,
+    """Every route of :func:`routes` on ``LAYER``, one interleaved run on one thread,
     against ``convlab grouped``; the A/A pairs are ``convlab grouped`` and ``convlab
     im2col`` each timed twice, their per-round ratios pooled into one band."""
     weight, step = routes(LAYER)

@@ -6,7 +6,7 @@ capping downwards only, e.g. avx2 and sse41 on an AVX2 CPU; avx512, avx2 and sse
 AVX-512 one, plus avx512_bf16/avx512_fp16/amx where the CPU has them) the command starts a
 fresh Python process with ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` set, checks in
 it that both caps took effect (ATen's reported capability and oneDNN's ``isa:`` verbose
-line; :func:`convlab.lab.machine.check_setting`), runs every section of :data:`SECTIONS`
+line; :func:`convlab.lab.machine.check_setting`), runs every section of ``SECTIONS``
 and writes ``book/data/records/<machine-slug>__<isa>.json``. Records of other machines in
 that folder are left alone, so a record from another machine is added by running the same
 command there. A section that raises is stored as ``{"error": "..."}``.

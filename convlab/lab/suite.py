@@ -5,7 +5,7 @@ shuffled order, at least ``min_calls`` calls per round); every verdict is the si
 :func:`convlab.lab.timing.verdict_of` against the A/A band of the main run, pooled over
 every layer's A/A pair (``native`` against its forced twin, the same kernel).
 
-* ``layers``: every layer of :data:`convlab.lab.paths.SUITE` (quick: ``QUICK_LAYERS``), the
+* ``layers``: every layer of ``convlab.lab.paths.SUITE`` (quick: ``QUICK_LAYERS``), the
   full backward of forced oneDNN (``mkldnn``) and the forced im2col path (``slow``), and of
   ``native`` on the ``AA_LAYERS``: seconds, GFLOP/s, GB/s of the bytes the pass must move,
   and slow / oneDNN;

@@ -22,7 +22,7 @@ The method, step by step:
    two-sided sign test rejects "the median ratio is at most ``1 + band``" at
    ``alpha = 0.05`` (each direction at ``alpha / 2``); *faster* likewise below
    ``1 / (1 + band)``; else *within noise*. With 7 rounds this means all 7 ratios on one
-   side of 1 and outside the band; fewer than :data:`MIN_ROUNDS` rounds never give a
+   side of 1 and outside the band; fewer than ``MIN_ROUNDS`` rounds never give a
    verdict.
 
 >>> import torch

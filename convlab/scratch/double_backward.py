@@ -49,7 +49,9 @@ def convolution_double_backward(
     groups: int,
     output_mask: Mask,
 ) -> Grads:
-    """Backward of :func:`convolution_backward`, like ATen's ``aten::_convolution_double_backward``.
+    """Backward of :func:`~convlab.scratch.reference.convolution_backward`.
+
+    Like ATen's ``aten::_convolution_double_backward``.
 
     ``ggI``, ``ggW``, ``ggb`` are the gradients flowing into grad_input, grad_weight and
     grad_bias (shapes of input, weight and ``[C_out]``; any may be None); ``gO`` is the
@@ -126,13 +128,14 @@ def convolution_jvp(
     output_padding: IntOrSeq,
     groups: int,
 ) -> torch.Tensor:
-    """Forward-mode derivative (tangent of the output) of :func:`convolution`.
+    """Forward-mode derivative (output tangent) of :func:`~convlab.scratch.reference.convolution`.
 
     The argument order is that of ATen's ``convolution_jvp``, the ``result:`` formula of
     ``convolution`` in ``derivatives.yaml``. The convolution is bilinear in input and
     weight, so the tangent is ``conv(input_t, weight_p) + conv(input_p, weight_t) + bias_t``;
-    a ``None`` tangent counts as zero. Shapes as in :func:`convolution`; returns the output
-    tangent ``[N, C_out, *O]``.
+    a ``None`` tangent counts as zero. Shapes as in
+    :func:`~convlab.scratch.reference.convolution`; returns the output tangent
+    ``[N, C_out, *O]``.
 
     >>> x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     >>> convolution_jvp(x, torch.ones_like(x), w, None, None, None,

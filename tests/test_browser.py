@@ -75,8 +75,10 @@ FILE_NAME_ALT = re.compile(r"(^|/)[\w.-]+\.(png|jpe?g|svg|gif|webp)$|^[0-9a-f]{1
 # A hand-written chapter number in front of a title: "3. ", "3 - ", "Chapter 3:".
 HAND_NUMBER = re.compile(r"^\s*(chapter\s+)?\d+\s*[.:)\-–]\s", re.I)
 # Page weight budget: MathJax (1.2 MB, on pages with math only) plus the theme's CSS, fonts
-# and scripts (about 0.9 MB) and the page itself. Before this budget, pages loaded 3.6-4 MB.
-MAX_PAGE_BYTES = 2_600_000
+# and scripts (about 0.9 MB), then the page and its SVG figures (up to ~0.5 MB for the longest
+# chapters: 0.3 MB of highlighted code and outputs in chapter 6). Before this budget, pages
+# loaded 3.6-4 MB; with the SVG figures and captioned tables they weigh 2.48-2.60 MB.
+MAX_PAGE_BYTES = 2_700_000
 # jupyter-book writes a root index.html that only redirects to the landing page.
 REDIRECT = re.compile(r'<meta[^>]+http-equiv="refresh"[^>]+url=([^"]+)"', re.I)
 
@@ -664,12 +666,19 @@ def test_api_pages_render_signatures(visits: dict) -> None:
 
 
 def test_api_pages_document_every_module(visits: dict) -> None:
+    package = ROOT / "convlab"
     modules = sorted(
-        p.stem for p in (ROOT / "convlab").glob("*.py") if p.stem not in {"__init__", "__main__"}
+        ".".join(p.relative_to(ROOT).with_suffix("").parts)
+        for p in package.rglob("*.py")
+        if p.name != "__main__.py" and (p.parent != package or p.name != "__init__.py")
     )
-    ids = {i for v in api_pages(visits) for i in v.data["ids"]}
-    missing = [m for m in modules if f"module-convlab.{m}" not in ids]
-    assert not missing, f"convlab modules without a page under book/api/: {missing}"
+    modules = [m.removesuffix(".__init__") for m in modules]
+    assert len(modules) > 30, f"found only {modules}: the module scan is broken"
+    # The three parts' packages are documented on the API index, book/api.html.
+    index = [v for v in at(visits, WIDE) if v.page == "book/api.html"]
+    ids = {i for v in api_pages(visits) + index for i in v.data["ids"]}
+    missing = [m for m in modules if f"module-{m}" not in ids]
+    assert not missing, f"convlab modules without an API page: {missing}"
 
 
 def test_no_fontawesome_script_and_mathjax_only_with_math(visits: dict) -> None:

@@ -142,8 +142,10 @@ def capture_stdout(fn: Callable[[], object]) -> str:
 def parse_onednn_verbose(text: str) -> dict[str, object]:
     """oneDNN's ISA description and the implementation of each convolution primitive.
 
-    >>> parse_onednn_verbose("onednn_verbose,v1,info,cpu,isa:Intel AVX2\\n"
-    ...     "onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx2,backward_data,x")
+    >>> log = ("onednn_verbose,v1,info,cpu,isa:Intel AVX2\\n"
+    ...        "onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx2,"
+    ...        "backward_data,x")
+    >>> parse_onednn_verbose(log)
     {'isa_info': 'Intel AVX2', 'implementations': {'backward_data': 'jit:avx2'}}
     """
     isa = re.search(r"onednn_verbose,(?:v\d+,)?info,cpu,isa:([^\n]+)", text)
@@ -161,8 +163,10 @@ def parse_mkl_verbose(text: str) -> str | None:
     """The code path MKL announces in its verbose header (e.g. "Intel(R) AVX2 enabled
     processors", or "Intel(R) Architecture processors" for its generic path).
 
-    >>> parse_mkl_verbose("MKL_VERBOSE oneMKL 2024.0 Product build 20240605 for Intel(R)"
-    ...     " 64 architecture Intel(R) Architecture processors, Lnx 2.45GHz lp64")
+    >>> header = ("MKL_VERBOSE oneMKL 2024.0 Product build 20240605 for"
+    ...           " Intel(R) 64 architecture Intel(R) Architecture"
+    ...           " processors, Lnx 2.45GHz lp64")
+    >>> parse_mkl_verbose(header)
     'Intel(R) Architecture processors'
     """
     match = re.search(r"MKL_VERBOSE .*? 64 architecture (.+?)(?:,|$)", text, re.MULTILINE)
@@ -319,13 +323,19 @@ def fingerprint_line(fp: Mapping[str, object]) -> str:
     """One line: CPU x logical cores, ATen's capability, oneDNN and its implementation, BLAS,
     threads, torch.
 
-    >>> fingerprint_line({"cpu_model": "AMD EPYC", "cores": 2, "aten_cpu_capability": "AVX2",
-    ...     "onednn_version": "3.12.0", "onednn_isa": "jit:avx2", "onednn_isa_info":
-    ...     "Intel AVX2", "blas": {"torch_blas": "mkl", "mkl_version": "2024.2",
-    ...     "mkl_path": "Intel(R) Architecture processors"}, "threads": 2,
+    >>> line = fingerprint_line({
+    ...     "cpu_model": "AMD EPYC", "cores": 2, "aten_cpu_capability": "AVX2",
+    ...     "onednn_version": "3.12.0", "onednn_isa": "jit:avx2",
+    ...     "onednn_isa_info": "Intel AVX2", "threads": 2,
+    ...     "blas": {"torch_blas": "mkl", "mkl_version": "2024.2",
+    ...              "mkl_path": "Intel(R) Architecture processors"},
     ...     "torch_version": "2.13.0+cpu"})
-    'AMD EPYC x2: ATen AVX2, oneDNN 3.12.0 jit:avx2 (Intel AVX2), MKL 2024.2 (Intel(R) \
-Architecture processors), 2 threads, torch 2.13.0+cpu'
+    >>> print(*line.split(", "), sep="\\n")
+    AMD EPYC x2: ATen AVX2
+    oneDNN 3.12.0 jit:avx2 (Intel AVX2)
+    MKL 2024.2 (Intel(R) Architecture processors)
+    2 threads
+    torch 2.13.0+cpu
     """
     blas = fp.get("blas") or {}
     assert isinstance(blas, Mapping)

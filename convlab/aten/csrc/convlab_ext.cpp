@@ -58,7 +58,8 @@ bool safe_to_resize(const at::Tensor& buf, at::IntArrayRef shape) {
       buf.storage_offset() == 0 &&
       extent * static_cast<int64_t>(buf.element_size()) ==
           static_cast<int64_t>(buf.storage().nbytes());
-  return spans || (buf.is_contiguous() && c10::multiply_integers(shape) <= buf.numel());
+  return spans ||
+         (buf.is_contiguous() && c10::multiply_integers(shape) <= buf.numel());
 }
 
 void check_buffer(const Named& out, at::IntArrayRef shape,

@@ -231,7 +231,7 @@ def test_cli_text(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
                                            fake("ch7_b", claims.FAILS, 7)))
     assert cli_main(["claims"]) == 0
     out = capsys.readouterr().out
-    assert "ch7_a: holds\n  evidence of ch7_a\n  records agree:" in out
+    assert "ch7_a: holds\n  evidence of ch7_a\n  records: none stores this claim" in out
     assert "ch7_b: does not hold" in out and "1 of 2 claims hold here." in out
     assert max(len(line) for line in out.splitlines()) <= core.WIDTH
 
@@ -246,3 +246,33 @@ def test_cli_bad_arguments(argv: list[str], monkeypatch: pytest.MonkeyPatch,
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("convlab claims: error:")
+
+
+def test_cli_names_the_records_that_agree(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from convlab.lab import records
+
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", claims.HOLDS, 7),))
+    stored = [_record("CPU A", "avx2", {"ch7_a": {"status": claims.HOLDS}}),
+              _record("CPU B", "sse41", {"ch7_a": {"status": claims.FAILS}})]
+    monkeypatch.setattr(records, "load_records", lambda: stored)
+    assert cli_main(["claims"]) == 0
+    assert "records agree: CPU A, avx2 (differ: CPU B, sse41)" in capsys.readouterr().out
+    assert cli_main(["claims", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["claims"]
+    assert (row["records_agree"], row["records_differ"]) == (["CPU A, avx2"],
+                                                               ["CPU B, sse41"])
+
+
+def test_record_outcomes_is_a_json_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", claims.HOLDS, 7),
+                                           fake("ch9_b", claims.CANNOT, 9)))
+    got = claims.record_outcomes(quick=True)
+    assert got == {"ch7_a": {"status": claims.HOLDS, "evidence": "evidence of ch7_a",
+                             "detail": {"n": 1}},
+                   "ch9_b": {"status": claims.CANNOT, "evidence": "evidence of ch9_b",
+                             "detail": {"n": 1}}}
+    json.dumps(got, allow_nan=False)
+    headers, rows = claims.matrix([{"isa": "x", "fingerprint": {"cpu_model": "M"},
+                                    "sections": {"claims": got}}], None)
+    assert rows == [["ch7_a", "yes"], ["ch9_b", "n/a"]]

@@ -124,6 +124,82 @@ def check_grouped_gemm_fallback_few_channels() -> Outcome:
                    f"{', '.join(impls)}", implementations=impls)
 
 
+def _grouped_vs_expanded() -> tuple[list[str], list[str]]:
+    from torch.nn.utils._per_sample_grad import call_for_per_sample_grads
+
+    from convlab.lab.profiling import onednn_trace
+
+    n, c_in, c_out, size, k = 8, 16, 32, 32, 3
+    x, go = randn(n, c_in, size, size), randn(n, c_out, size, size, seed=2)
+    conv = torch.nn.Conv2d(c_in, c_out, k, padding=k // 2, bias=False)
+
+    def expanded() -> None:
+        conv.weight.grad_sample = None
+        call_for_per_sample_grads(conv, loss_reduction="sum")(x).backward(go)
+
+    def name(c: Any) -> str:
+        return f"{c.prop} {c.impl}"
+
+    grouped = onednn_trace(lambda: per_sample_weight_grad(x, (c_out, c_in, k, k), go, 1, 1))
+    return ([name(c) for c in grouped if c.op == "convolution"],
+            [name(c) for c in onednn_trace(expanded) if c.op == "convolution"])
+
+
+def check_expanded_weights_same_kernel() -> Outcome:
+    """At N=8 (< 32) ExpandedWeights runs the grouped route's oneDNN primitive (the same
+    pass and implementation) for its weight gradient."""
+    if not torch.backends.mkldnn.is_available():
+        return cannot("oneDNN is not built into this torch")
+    grouped, expanded = _grouped_vs_expanded()
+    if not grouped:
+        return cannot("the grouped route ran no oneDNN convolution here")
+    return verdict(all(g in expanded for g in grouped),
+                   f"grouped: {'; '.join(sorted(set(grouped)))}. ExpandedWeights: "
+                   f"{'; '.join(sorted(set(expanded))) or 'no oneDNN call'}",
+                   grouped=grouped, expanded=expanded)
+
+
+def mkl_gflops() -> float:
+    """MKL's 1-thread sgemm rate (GFLOP/s of thread CPU time, n=``GEMM_N``), by CPU time
+    so that a busy machine's preemption does not count."""
+    import time
+
+    torch.set_num_threads(1)  # restored by the registry (kept_flags)
+    a, b = randn(GEMM_N, GEMM_N), randn(GEMM_N, GEMM_N, seed=1)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(5):
+        start = time.thread_time()
+        for _ in range(4):
+            torch.mm(a, b)
+        best = min(best, (time.thread_time() - start) / 4)
+    return 2 * GEMM_N**3 / best / 1e9
+
+
+# SSE4.2 has 4-wide vectors and no FMA against AVX2's 8-wide FMA (4x the peak): an MKL
+# that the setting really capped runs at well under 1/1.5 of its uncapped rate.
+CAPPED_FACTOR = 1.5
+
+
+def check_sse41_setting_caps_mkl() -> Outcome:
+    """Under the records' SSE4.1 setting MKL's GEMM is slowed as an SSE4.1 machine's
+    would be (at least 1.5x below its rate here), i.e. the setting caps MKL too."""
+    from convlab.lab import machine
+    from convlab.lab.claims.probe import capped_env, facts_under
+
+    setting = next((s for s in machine.ISA_SETTINGS if s.label == "sse41"), None)
+    if setting is None:
+        return cannot("no sse41 setting in convlab.lab.machine")
+    if capped_env() == dict(setting.env) or "avx2" not in machine.cpu_flags():
+        return cannot("this process or CPU is already at the SSE4.1 level")
+    here, there = mkl_gflops(), facts_under(dict(setting.env))["mkl_gflops"]
+    return verdict(here / there >= CAPPED_FACTOR,
+                   f"MKL sgemm 1 thread (CPU time): here {here:.0f} GFLOP/s, under the "
+                   f"sse41 setting {there:.0f} (x{here / there:.2f}; capped <= "
+                   f"x{1 / CAPPED_FACTOR:.2f})", here=here, sse41=there,
+                   env=dict(setting.env))
+
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch7_mkl_generic_path_slow", 7,
           "On AMD CPUs MKL may take a generic path, far below the machine's peak.",
@@ -142,4 +218,14 @@ CLAIMS: tuple[Claim, ...] = (
           "With few channels per group (a 3-channel stem) oneDNN's grouped backward "
           "falls back to its GEMM kernel, where the im2col route can win.",
           "oneDNN's kernels for this ISA", check_grouped_gemm_fallback_few_channels),
+    Claim("ch9_expanded_weights_same_kernel", 9,
+          "At N = 8 < 32 ExpandedWeights takes the grouped route, so its row measures its "
+          "overhead around the same kernel.",
+          "ExpandedWeights' threshold (32) and oneDNN's kernels",
+          check_expanded_weights_same_kernel),
+    Claim("ch7_sse41_setting_caps_mkl", 7,
+          "The SSE4.1 record models an SSE4.1 machine: its setting caps MKL's GEMM as well "
+          "as oneDNN and ATen.",
+          "MKL_ENABLE_INSTRUCTIONS in the setting, and MKL honouring it on this CPU",
+          check_sse41_setting_caps_mkl),
 )

@@ -65,13 +65,13 @@ _FACTS_CODE = ("import json; from convlab.lab.claims.probe import facts; "
 def facts() -> dict[str, Any]:
     """What the checks compare across ISA caps, measured in this process: MKL's announced
     path, the bf16/fp16 backends, oneDNN's implementations and blocks, digests of seeded
-    gradients, and the per-sample routes' peak memory."""
+    gradients, the per-sample routes' peak memory and MKL's 1-thread GEMM rate."""
     from convlab.lab import machine
-    from convlab.lab.claims import bits, memory, onednn, routing
+    from convlab.lab.claims import bits, memory, onednn, perf, routing
 
     return {"mkl": machine._mkl_probe_here(), "half": routing.half_backends(),
             "onednn": onednn.implementations(), "digests": bits.digests(),
-            "memory": memory.per_sample_peaks()}
+            "memory": memory.per_sample_peaks(), "mkl_gflops": perf.mkl_gflops()}
 
 
 def facts_under(env: Mapping[str, str]) -> dict[str, Any]:

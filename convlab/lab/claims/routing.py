@@ -4,6 +4,7 @@ backward returns, on this machine."""
 from __future__ import annotations
 
 import json
+import signal
 
 import torch
 
@@ -83,11 +84,12 @@ def check_empty_batch_bias_sizes_none_aborts() -> Outcome:
     """On an empty batch, ``bias_sizes=None`` with ``output_mask[2]`` kills the process
     (run in a child process, never here)."""
     done = child(_CHILD_EMPTY)
+    rc = done.returncode
+    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited {rc}"
+    if rc != 0 and "bad_optional_access" in done.stderr:
+        return holds(f"child {how}: std::bad_optional_access", returncode=rc)
     last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or [""])[-1]
-    aborted = done.returncode != 0 and "bad_optional_access" in done.stderr
-    if aborted:
-        return holds(f"child exited {done.returncode}: {last[:80]}", returncode=done.returncode)
-    return fails(f"child exited {done.returncode}: {last[:80]}", returncode=done.returncode,
+    return fails(f"child {how}: {last.strip()[:80]}", returncode=rc,
                  output=json.dumps(done.stdout.strip()[-200:]))
 
 

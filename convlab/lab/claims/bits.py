@@ -136,6 +136,8 @@ def check_slow_bits_same_across_isa() -> Outcome:
 
 def check_slow_bits_follow_mkl_path() -> Outcome:
     """The slow path's grad_weight changes bits when MKL is capped at SSE4.2."""
+    if not torch.backends.mkl.is_available():
+        return cannot("this torch does not use MKL")
     if os_mkl_capped():
         return cannot("MKL_ENABLE_INSTRUCTIONS is already set in this process")
     changed, _, _ = _across(MKL_SSE42_ENV, "slow", NAMES)

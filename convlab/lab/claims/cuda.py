@@ -82,7 +82,10 @@ def check_tf32_error() -> Outcome:
     for tf32 in (True, False):
         torch.backends.cudnn.allow_tf32 = tf32  # restored by the registry (kept_flags)
         errs[tf32] = _rel(_backward(x, w, go)[1], exact)
-    ok = default and 1e-4 < errs[True] < 1e-2 and errs[False] < 1e-5
+    # "Near 1e-3": TF32's 10-bit mantissa gives 2**-11 = 5e-4 per product, so the TF32
+    # error lies in [1e-4, 1e-2]; "instead of 1e-6": float32 is at least 10x closer
+    # (cuDNN may pick a Winograd/FFT algorithm whose float32 error exceeds 1e-6).
+    ok = default and 1e-4 < errs[True] < 1e-2 and errs[False] * 10 < errs[True]
     return verdict(ok, f"allow_tf32 default {default}; grad_weight rel. error TF32 "
                    f"{errs[True]:.1e}, float32 {errs[False]:.1e}",
                    default=default, tf32=errs[True], fp32=errs[False])

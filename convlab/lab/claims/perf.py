@@ -34,8 +34,8 @@ def timed(fns: dict[str, Callable[[], object]], pairs: list[tuple[str, str]],
 def check_mkl_generic_path_slow() -> Outcome:
     """MKL's GEMM (``torch.mm``) runs clearly below oneDNN's matmul here, as a generic,
     far-below-peak path would."""
-    if not torch.backends.mkldnn.is_available():
-        return cannot("no oneDNN matmul to compare with")
+    if not torch.backends.mkldnn.is_available() or not torch.backends.mkl.is_available():
+        return cannot("needs both MKL and oneDNN in this torch")
     from convlab.lab import machine
 
     a, b = randn(GEMM_N, GEMM_N), randn(GEMM_N, GEMM_N, seed=1)
@@ -187,6 +187,8 @@ def check_sse41_setting_caps_mkl() -> Outcome:
     from convlab.lab import machine
     from convlab.lab.claims.probe import capped_env, facts_under
 
+    if not torch.backends.mkl.is_available():
+        return cannot("this torch does not use MKL")
     setting = next((s for s in machine.ISA_SETTINGS if s.label == "sse41"), None)
     if setting is None:
         return cannot("no sse41 setting in convlab.lab.machine")

@@ -276,3 +276,18 @@ def test_record_outcomes_is_a_json_section(monkeypatch: pytest.MonkeyPatch) -> N
     headers, rows = claims.matrix([{"isa": "x", "fingerprint": {"cpu_model": "M"},
                                     "sections": {"claims": got}}], None)
     assert rows == [["ch7_a", "yes"], ["ch9_b", "n/a"]]
+
+
+def test_cuda_checks_run_their_code_on_a_cpu_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA checks' code (not their claims) runs end to end with CPU tensors standing
+    in for CUDA ones, so a GPU run does not first meet a typo; statuses are not looked at."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the CUDA claims really run")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(cuda, "_cuda", lambda *shape, seed=0, dtype=torch.float32:
+                        probe.randn(*shape, seed=seed, dtype=dtype))
+    monkeypatch.setattr(claims, "CLAIMS", cuda.CLAIMS)
+    for out in claims.evaluate():
+        assert not out.evidence.startswith("check raised"), (out.claim_id, out.evidence)

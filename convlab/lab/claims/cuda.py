@@ -53,10 +53,12 @@ def check_slow_is_cuda_im2col() -> Outcome:
         return cannot(NO_CUDA)
     from torch.profiler import ProfilerActivity, profile
 
+    from convlab.aten.capture import PROFILER_LOCK, redirect_fd
+
     x, w = _cuda(2, 16, 14, 14), _cuda(16, 16, 3, 3, seed=1)
     go = _cuda(2, 16, 14, 14, seed=2)
     with use_backend("slow", x, w, None, 1, 1) as chosen:
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with PROFILER_LOCK, redirect_fd(2), profile(activities=[ProfilerActivity.CPU]) as prof:
             _backward(x, w, go)
     ops = sorted({e.key for e in prof.key_averages() if "conv" in e.key})
     return verdict(chosen == "Slow2d" and any("slow_conv2d_backward" in o for o in ops),

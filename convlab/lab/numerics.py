@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from convlab.aten import native
+from convlab.aten import backends, native
 from convlab.scratch import reference
 from convlab.scratch.params import ConvParams, IntOrSeq, check_output_mask, check_tensor
 
@@ -241,7 +241,7 @@ def backward_error(
     Shapes: grad_output ``[N, C_out, *out]``, input ``[N, C_in, *in]``, weight
     ``[C_out, C_in/groups, *k]`` (any float dtype; they are rounded to ``dtype`` first).
     The native backward runs on the rounded tensors in ``dtype``, under ``backend`` (a
-    :func:`convlab.aten.native.use_backend` name, or None for the current flags); the oracle
+    :func:`convlab.aten.backends.use_backend` name, or None for the current flags); the oracle
     is :func:`convlab.scratch.reference.convolution_backward` in float64 on the same rounded
     values. The bias gradient is that of a conv with a bias of ``C_out`` entries.
 
@@ -260,8 +260,8 @@ def backward_error(
     if backend is not None:
         if not isinstance(backend, str):
             raise TypeError(f"backend must be a str or None, got {type(backend).__name__}")
-        if backend not in native.BACKEND_CHOICES:
-            names = ", ".join(native.BACKEND_CHOICES)
+        if backend not in backends.BACKEND_CHOICES:
+            names = ", ".join(backends.BACKEND_CHOICES)
             raise ValueError(f"backend must be one of {names}, got {backend!r}")
     mask = check_output_mask(output_mask)
     go, x, w = (t.detach().to(dtype) for t in (grad_output, input, weight))
@@ -296,7 +296,7 @@ def doctor_lines(
     lines = []
     for dtype in dtypes:
         dtype = _check_dtype(dtype, "dtypes")
-        chosen = native.select_backend(x.to(dtype), w.to(dtype), padding=1)
+        chosen = backends.select_backend(x.to(dtype), w.to(dtype), padding=1)
         try:
             errs = backward_error(go, x, w, padding=1, dtype=dtype)
         except (RuntimeError, NotImplementedError) as exc:
@@ -372,7 +372,7 @@ def served(case: Case, dtype: torch.dtype) -> list[tuple[str, str]]:
     pairs = []
     for name in FORCED:
         try:
-            with native.use_backend(name, x.to(dtype), w.to(dtype), **kw) as chosen:
+            with backends.use_backend(name, x.to(dtype), w.to(dtype), **kw) as chosen:
                 pairs.append((name, str(chosen)))
         except ValueError:
             pass
@@ -385,7 +385,7 @@ def routing() -> dict[str, object]:
     convs = {"3x3": _case(8, 16, 16, 16, 3, padding=1),
              "depthwise": _case(8, 16, 16, 16, 3, padding=1, groups=16)}
     rows = [{"conv": name, "dtype": _SHORT[dtype],
-             "backend": str(native.select_backend(x.to(dtype), w.to(dtype), **kw))}
+             "backend": str(backends.select_backend(x.to(dtype), w.to(dtype), **kw))}
             for name, (_, x, w, kw) in convs.items() for dtype in _SHORT]
     return {"mkldnn_bf16_supported": bool(torch.ops.mkldnn._is_mkldnn_bf16_supported()),
             "mkldnn_fp16_supported": bool(torch.ops.mkldnn._is_mkldnn_fp16_supported()),

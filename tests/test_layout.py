@@ -187,6 +187,31 @@ def re_exports(module: Module) -> list[str]:
     return problems
 
 
+def _bodies(path: Path) -> list[list[str]]:
+    """The statements of every function in ``path`` (docstrings left out), as source text
+    normalised by the AST (comments and layout do not count)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+                body = body[1:]
+            out.append([ast.unparse(stmt) for stmt in body])
+    return out
+
+
+def copied_blocks(a: Path, b: Path, size: int = 2) -> list[str]:
+    """Runs of ``size`` consecutive statements that a function of ``a`` and one of ``b``
+    both contain, verbatim: code that one shared helper should hold."""
+    runs = {tuple(body[i:i + size]) for body in _bodies(a) for i in range(len(body) - size + 1)}
+    found = []
+    for body in _bodies(b):
+        for i in range(len(body) - size + 1):
+            if tuple(body[i:i + size]) in runs:
+                found.append(" / ".join(body[i:i + size]))
+    return found
+
+
 # ---------------------------------------------------------------------------------- tests
 
 
@@ -240,6 +265,14 @@ def test_no_module_re_exports_or_forwards(module: Module) -> None:
     problems = re_exports(module)
     assert not problems, f"{module.name}: one name per thing, import it from where it is " \
                          f"defined: {problems}"
+
+
+def test_the_two_autograd_routes_share_code_instead_of_copying_it() -> None:
+    """Regression (issue 34): function.py and library_op.py each saved the same context and
+    ran the same backward, double backward and jvp steps; they now call autograd/common.py."""
+    function, library_op = (BY_NAME[f"convlab.autograd.{n}"].path
+                            for n in ("function", "library_op"))
+    assert copied_blocks(function, library_op) == []
 
 
 # ----------------------------------------------------------- the checks themselves can fail
@@ -318,3 +351,12 @@ def test_re_exports_and_forwarding_are_found(tmp_path: Path) -> None:
     assert "imports reference and never uses it" in text
     assert "re-exports ConvParams" in text and "convolution" not in text
     assert re_exports(ok) == []
+
+
+def test_copied_blocks_are_found(tmp_path: Path) -> None:
+    a, b = tmp_path / "a.py", tmp_path / "b.py"
+    a.write_text('def f(ctx, x):\n    """doc"""\n    ctx.save(x)\n    ctx.n = 1\n    return x\n')
+    b.write_text("def g(ctx, x):\n    y = x\n    ctx.save(x)\n    ctx.n = 1\n")
+    assert len(copied_blocks(a, b)) == 1
+    b.write_text("def g(ctx, x):\n    ctx.save(x)\n    ctx.n = 2\n")
+    assert copied_blocks(a, b) == []

@@ -86,18 +86,28 @@ def _fresh(t: Tensor) -> Tensor:
     return t if ordinary else t.clone(memory_format=torch.contiguous_format)
 
 
-def _check_backward_args(
+def _backward_params(
     grad_output: Tensor,
     input: Tensor,
     weight: Tensor,
     bias_sizes: Sequence[int] | None,
-    p: ConvParams,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
     output_mask: Sequence[bool],
-) -> None:
+) -> ConvParams:
+    """The backward's hyper-parameters, every argument validated (real and fake kernels)."""
+    p = ConvParams.for_tensors(
+        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
+    )
     p.check_shapes(tuple(input.shape), tuple(weight.shape))
     check_bias_sizes(bias_sizes, p.output_shape(tuple(input.shape), tuple(weight.shape))[1])
     p.check_grad_output(grad_output, input, weight)
     check_output_mask(output_mask)
+    return p
 
 
 def _convolution_kernel(
@@ -150,10 +160,8 @@ def _convolution_backward_kernel(
     output_mask: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Real kernel of ``convlab::convolution_backward``; shape [0] where the mask is False."""
-    p = ConvParams.for_tensors(
-        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
-    )
-    _check_backward_args(grad_output, input, weight, bias_sizes, p, output_mask)
+    p = _backward_params(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                         transposed, output_padding, groups, output_mask)
     grads = reference.convolution_backward(
         grad_output, input, weight, bias_sizes, *p.aten_args(), output_mask
     )
@@ -176,10 +184,8 @@ def _convolution_backward_fake(
     output_mask: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fake kernel: validates like the real one; empty tensors of the gradients' shapes."""
-    p = ConvParams.for_tensors(
-        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
-    )
-    _check_backward_args(grad_output, input, weight, bias_sizes, p, output_mask)
+    p = _backward_params(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                         transposed, output_padding, groups, output_mask)
     out_channels = p.output_shape(tuple(input.shape), tuple(weight.shape))[1]
     shapes = (tuple(input.shape), tuple(weight.shape), (out_channels,))
     return tuple(  # type: ignore[return-value]

@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from torch.autograd import gradcheck, gradgradcheck
 
 from convlab import autograd as cla
+from convlab.scratch import double_backward, reference
 
 F64 = torch.float64
 
@@ -159,13 +160,13 @@ def test_gradcheck_and_gradgradcheck(case: Case, impl: str) -> None:
 
 def test_gradgradcheck_uses_convlab_double_backward(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[bool]] = []
-    original = cla.reference.convolution_double_backward
+    original = double_backward.convolution_double_backward
 
     def spy(*args: Any) -> Any:
         calls.append(list(args[-1]))
         return original(*args)
 
-    monkeypatch.setattr(cla.reference, "convolution_double_backward", spy)
+    monkeypatch.setattr(double_backward, "convolution_double_backward", spy)
     case = CASES[1]
     x, w, _ = case.tensors()
     for impl in IMPLS.values():
@@ -187,13 +188,13 @@ def test_needs_input_grad_becomes_output_mask(
     impl: str, needs: tuple[bool, bool, bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     masks: list[list[bool]] = []
-    original = cla.reference.convolution_backward
+    original = reference.convolution_backward
 
     def spy(*args: Any) -> Any:
         masks.append(list(args[-1]))
         return original(*args)
 
-    monkeypatch.setattr(cla.reference, "convolution_backward", spy)
+    monkeypatch.setattr(reference, "convolution_backward", spy)
     case = CASES[4]
     x, w, b = (t.detach().requires_grad_(n) for t, n in zip(case.tensors(), needs, strict=True))
     y = IMPLS[impl](x, w, b, *case.hyper())

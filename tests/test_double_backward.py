@@ -1,4 +1,4 @@
-"""convlab's double backward against ATen: reference.convolution_double_backward against
+"""convlab's double backward against ATen: double_backward.convolution_double_backward against
 aten._convolution_double_backward, and both autograd wrappers with create_graph=True."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from test_reference import GRID, TIGHT, Case, cases
 
 from convlab import autograd as cla
-from convlab.scratch import reference
+from convlab.scratch import double_backward, reference
 
 aten = torch.ops.aten
 PRESENCE = list(itertools.product([False, True], repeat=3))  # which of ggI, ggW, ggb exist
@@ -34,7 +34,7 @@ def compare(case: Case, presence=PRESENCE, masks=([True, True, True],), device="
         grads = [g if h else None for g, h in zip(full, has, strict=True)]
         for mask in masks:
             exp = aten._convolution_double_backward(*grads, gO, w, x, *args, list(mask))
-            act = reference.convolution_double_backward(*grads, gO, w, x, *args, list(mask))
+            act = double_backward.convolution_double_backward(*grads, gO, w, x, *args, list(mask))
             for name, a, e in zip(("ggO", "gI", "gW"), act, exp, strict=True):
                 assert (a is None) == (e is None), f"{name} for presence {has}, mask {mask}"
                 if e is not None:
@@ -67,9 +67,9 @@ def test_none_conventions() -> None:
     args = case.args()
     gO = torch.randn_like(aten.convolution(x, w, None, *args))
     ggb = torch.randn(case.c_out, dtype=torch.float64)
-    assert reference.convolution_double_backward(None, None, None, gO, w, x, *args,
+    assert double_backward.convolution_double_backward(None, None, None, gO, w, x, *args,
                                                  [True] * 3) == (None, None, None)
-    ggO, gI, gW = reference.convolution_double_backward(None, None, ggb, gO, w, x, *args,
+    ggO, gI, gW = double_backward.convolution_double_backward(None, None, ggb, gO, w, x, *args,
                                                         [False] * 3)
     assert gI is None and gW is None
     torch.testing.assert_close(ggO, ggb.view(1, -1, 1, 1).expand_as(gO), **TIGHT)
@@ -85,12 +85,12 @@ def test_output_padding_of_a_normal_conv_is_ignored() -> None:
     gO = torch.randn(2, 6, 4, 4, dtype=torch.float64)
     grads = (torch.randn_like(x), None, torch.randn(6, dtype=torch.float64))
     exp = aten._convolution_double_backward(*grads, gO, w, x, *args)
-    act = reference.convolution_double_backward(*grads, gO, w, x, *args)
+    act = double_backward.convolution_double_backward(*grads, gO, w, x, *args)
     assert act[1] is None and exp[1] is None
     for a, e in zip(act[::2], exp[::2], strict=True):
         torch.testing.assert_close(a, e, **TIGHT)
     ggW = torch.randn_like(w)
-    ours = reference.convolution_double_backward(None, ggW, None, gO, w, x, *args)
+    ours = double_backward.convolution_double_backward(None, ggW, None, gO, w, x, *args)
     zero_pad = (stride, padding, dilation, False, [0, 0], groups, [True] * 3)
     exp = aten._convolution_double_backward(None, ggW, None, gO, w, x, *zero_pad)
     for a, e in zip(ours[:2], exp[:2], strict=True):
@@ -121,7 +121,7 @@ def test_matches_autograd_double_backward_of_reference() -> None:
     gx, gw, gb = torch.autograd.grad(y, (x, w, b), gO, create_graph=True)
     ggI, ggW, ggb = torch.randn_like(x), torch.randn_like(w), torch.randn_like(b)
     auto = torch.autograd.grad((gx, gw, gb), (gO, x, w), (ggI, ggW, ggb))
-    ours = reference.convolution_double_backward(ggI, ggW, ggb, gO.detach(), w.detach(),
+    ours = double_backward.convolution_double_backward(ggI, ggW, ggb, gO.detach(), w.detach(),
                                                  x.detach(), *args, [True] * 3)
     for a, o in zip(auto, ours, strict=True):
         torch.testing.assert_close(o, a, **TIGHT)
@@ -155,7 +155,7 @@ def test_bad_input(which: str, value, error) -> None:
          "gO": torch.randn(2, 6, 4, 4, dtype=torch.float64), "output_mask": [True] * 3}
     a[which] = value
     with pytest.raises(error, match=which):
-        reference.convolution_double_backward(a["ggI"], a["ggW"], a["ggb"], a["gO"], w, x,
+        double_backward.convolution_double_backward(a["ggI"], a["ggW"], a["ggb"], a["gO"], w, x,
                                               *case.args(), a["output_mask"])
 
 

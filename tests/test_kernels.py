@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from convlab.aten import kernels
+from convlab.aten.backends import available_backends
 from convlab.aten.kernels import (
     CPU_CASES,
     EXPECTED_CPU_KERNEL,
@@ -17,7 +18,6 @@ from convlab.aten.kernels import (
     KernelTrace,
     trace_kernels,
 )
-from convlab.aten.native import available_backends
 from convlab.cli import trace as trace_cli
 
 needs_gdb = pytest.mark.skipif(

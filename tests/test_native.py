@@ -21,15 +21,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import convlab.scratch.reference as ref
-from convlab.aten import native
-from convlab.aten.native import (
-    available_backends,
-    conv_input,
-    conv_weight,
-    convolution_backward,
-    select_backend,
-    use_backend,
-)
+from convlab.aten import backends, native
+from convlab.aten.backends import available_backends, select_backend, use_backend
+from convlab.aten.native import conv_input, conv_weight, convolution_backward
 from convlab.scratch import numpy_ref
 from convlab.scratch.params import ConvParams
 
@@ -95,7 +89,7 @@ def test_backend_argument_forces_and_matches(backend: str) -> None:
 def test_backend_argument_raises_when_it_cannot_serve() -> None:
     x, w = torch.randn(2, 3, 8, 8, dtype=F64), torch.randn(4, 3, 3, 3, dtype=F64)
     go = torch.randn(2, 4, 6, 6, dtype=F64)
-    with pytest.raises(native.BackendMismatch) as info:
+    with pytest.raises(backends.BackendMismatch) as info:
         convolution_backward(go, x, w, [4], 1, 0, 1, False, 0, 1, ALL_MASK, backend="mkldnn")
     assert info.value.chosen == "Slow2d"
 

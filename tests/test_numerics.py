@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from convlab.aten import native
+from convlab.aten import backends
 from convlab.lab import numerics
 
 LOW = [torch.float16, torch.bfloat16, torch.float32]
@@ -230,14 +230,14 @@ def test_record_quick_is_consistent_with_this_machine() -> None:
     x = torch.randn(8, 16, 16, 16, dtype=torch.bfloat16)
     w = torch.randn(16, 16, 3, 3, dtype=torch.bfloat16)
     bf16 = next(r for r in routing["rows"] if (r["conv"], r["dtype"]) == ("3x3", "bfloat16"))
-    assert bf16["backend"] == str(native.select_backend(x, w, padding=1))
+    assert bf16["backend"] == str(backends.select_backend(x, w, padding=1))
     # Every row of the accuracy table is a backend ATen lets serve that dtype here.
     for row in rec["accuracy"]:
         assert row["dtype"] in ("float32", "bfloat16", "float16")
         assert set(row["ulps"]) == set(numerics.GRAD_NAMES)
         assert all(v >= 0.0 and math.isfinite(v) for v in row["ulps"].values())
-    backends = {r["backend"] for r in rec["accuracy"] if r["dtype"] == "bfloat16"}
-    assert ("Mkldnn" in backends) == routing["mkldnn_bf16_supported"]
+    served = {r["backend"] for r in rec["accuracy"] if r["dtype"] == "bfloat16"}
+    assert ("Mkldnn" in served) == routing["mkldnn_bf16_supported"]
     assert rec["float64_worst_rel"] < 1e-13
     assert rec["threads_bits"]["counts"] == [1, 2, 4]
     # The slow kernels keep their bits run to run (a fixed loop around a GEMM).

@@ -44,10 +44,6 @@ def _run_threads(target, n: int) -> list[BaseException]:
     return errors
 
 
-def test_redirect_fd_is_the_capture_one_and_still_importable_from_profiling():
-    assert profiling.redirect_fd is capture.redirect_fd
-
-
 def test_redirect_fd_rejects_a_bad_fd():
     with pytest.raises(ValueError, match="fd"), capture.redirect_fd(-1):
         pass

@@ -17,7 +17,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from convlab.scratch import reference
+from convlab.scratch import double_backward, reference
 from convlab.scratch.params import ConvParams
 
 aten = torch.ops.aten
@@ -328,7 +328,7 @@ def test_no_native_convolution_runs(case: Case) -> None:
         y = reference.convolution(x, w, b, *args)
         gy = torch.ones_like(y)
         reference.convolution_backward(gy, x, w, [case.c_out], *args, [True] * 3)
-        reference.convolution_double_backward(torch.ones_like(x), torch.ones_like(w),
+        double_backward.convolution_double_backward(torch.ones_like(x), torch.ones_like(w),
                                               torch.ones_like(b), gy, w, x, *args, [True] * 3)
     assert any("mm" in n for n in rec.names), rec.names  # the GEMMs were recorded
     assert native_conv_ops(rec.names) == []
@@ -449,7 +449,7 @@ def test_convolution_jvp_matches_torch_func_jvp(case, which) -> None:
         "weight": torch.randn_like(w) if which in ("weight", "all") else None,
         "bias": torch.randn_like(b) if b is not None and which in ("bias", "all") else None,
     }
-    ours = reference.convolution_jvp(
+    ours = double_backward.convolution_jvp(
         x, tangents["input"], w, tangents["weight"], b, tangents["bias"], *args
     )
 
@@ -470,12 +470,13 @@ def test_convolution_jvp_bad_tangents_name_the_argument() -> None:
     w = torch.randn(3, 2, 3, 3, dtype=torch.float64)
     args = (1, 0, 1, False, 0, 1)
     with pytest.raises(ValueError, match=r"weight_t must have the shape of weight_p"):
-        reference.convolution_jvp(x, None, w, torch.zeros(3, 2, 2, 2, dtype=w.dtype), None, None,
-                                  *args)
+        double_backward.convolution_jvp(x, None, w, torch.zeros(3, 2, 2, 2, dtype=w.dtype),
+                                        None, None, *args)
     with pytest.raises(ValueError, match="bias_t is given but bias_p is None"):
-        reference.convolution_jvp(x, None, w, None, None, torch.zeros(3, dtype=w.dtype), *args)
+        double_backward.convolution_jvp(x, None, w, None, None, torch.zeros(3, dtype=w.dtype),
+                                        *args)
     with pytest.raises(TypeError, match="input_t has dtype torch.float32"):
-        reference.convolution_jvp(x, x.float(), w, None, None, None, *args)
+        double_backward.convolution_jvp(x, x.float(), w, None, None, None, *args)
 
 
 # --- NaN and inf propagate as in ATen -----------------------------------------------------
@@ -587,7 +588,7 @@ def test_every_function_is_differentiable(case: Case) -> None:
         lambda x, w: reference.convolution(x, w, None, *args), (xs[0], xs[1]))
     ggI, ggW = torch.randn_like(x), torch.randn_like(w)
     assert torch.autograd.gradcheck(
-        lambda ggI, ggW: tuple(t for t in reference.convolution_double_backward(
+        lambda ggI, ggW: tuple(t for t in double_backward.convolution_double_backward(
             ggI, ggW, None, gy.detach(), w.detach(), x.detach(), *args, [True] * 3)
             if t is not None),
         (ggI.requires_grad_(), ggW.requires_grad_()))

@@ -459,7 +459,7 @@ def trace_kernels(
     refusal = ptrace_refusal()
     if refusal:
         raise RuntimeError(f"kernel tracing needs ptrace, which is refused: {refusal}")
-    from convlab.aten.native import backend_name
+    from convlab.aten.backends import backend_name
 
     libs = _torch_libs()
     kernels = list(CPU_KERNELS) + (list(CUDA_KERNELS) if "libtorch_cuda" in libs else [])

@@ -6,8 +6,8 @@
   functions with the dimension taken from the tensors (``conv2d_input``/``conv2d_weight``
   are kept as names for the 2-d case).
 
-Backend selection and forcing live in :mod:`convlab.aten.backends`; their names are re-exported
-here (``convlab.aten.native.select_backend`` and so on).
+Backend selection and forcing live in :mod:`convlab.aten.backends` (import
+``select_backend``, ``use_backend`` and so on from there).
 """
 
 from __future__ import annotations
@@ -16,16 +16,12 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-# Re-exported: notebooks and scripts import these from convlab.aten.native.
-from convlab.aten.backends import BACKEND_CHOICES as BACKEND_CHOICES
-from convlab.aten.backends import CONV_BACKENDS as CONV_BACKENDS
-from convlab.aten.backends import SLOW_BACKENDS as SLOW_BACKENDS
-from convlab.aten.backends import BackendMismatch as BackendMismatch
-from convlab.aten.backends import available_backends as available_backends
-from convlab.aten.backends import backend_memory_format as backend_memory_format
-from convlab.aten.backends import backend_name as backend_name
-from convlab.aten.backends import select_backend as select_backend
-from convlab.aten.backends import use_backend as use_backend
+from convlab.aten.backends import (
+    SLOW_BACKENDS,
+    backend_memory_format,
+    backend_name,
+    use_backend,
+)
 from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
@@ -34,15 +30,8 @@ from convlab.scratch.params import (
     check_tensor,
 )
 
-__all__ = [  # the re-exports too, so that convlab.aten.native.use_backend etc. stay documented
-    "BACKEND_CHOICES",
-    "CONV_BACKENDS",
-    "SLOW_BACKENDS",
-    "BackendMismatch",
+__all__ = [
     "aten_bias_sizes",
-    "available_backends",
-    "backend_memory_format",
-    "backend_name",
     "backward_params",
     "call_convolution_backward",
     "canonical_strides",
@@ -51,8 +40,6 @@ __all__ = [  # the re-exports too, so that convlab.aten.native.use_backend etc. 
     "conv_input",
     "conv_weight",
     "convolution_backward",
-    "select_backend",
-    "use_backend",
 ]
 
 Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]

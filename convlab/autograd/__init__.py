@@ -1,11 +1,12 @@
 """Convolution as a twice-differentiable autograd op whose derivatives are convlab's own.
 
-Two ways to plug :mod:`convlab.scratch.reference` into autograd:
+Two ways to plug :mod:`convlab.scratch.reference` and
+:mod:`convlab.scratch.double_backward` into autograd:
 
 * :class:`Convolution` (a :class:`torch.autograd.Function`) and its functional form
   :func:`convolution`. Its backward is a second Function, :class:`ConvolutionBackward`, whose
   forward is ``reference.convolution_backward`` and whose backward is
-  ``reference.convolution_double_backward``. So ``gradgradcheck`` exercises convlab's
+  ``double_backward.convolution_double_backward``. So ``gradgradcheck`` exercises convlab's
   double-backward formulas, not autograd recorded through the ops of the first backward.
 * The operators ``torch.ops.convlab.convolution`` and ``torch.ops.convlab.convolution_backward``
   (:mod:`torch.library`), with fake (meta) kernels for ``torch.compile`` and autograd kernels
@@ -36,7 +37,6 @@ from convlab.autograd.library_op import (
     ConvolutionOpFunction,
     convolution_op,
 )
-from convlab.scratch import reference  # noqa: F401 - cla.reference, patched by tests
 
 __all__ = [
     "Convolution",

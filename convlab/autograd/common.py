@@ -1,4 +1,5 @@
-"""What both autograd routes share: masks, batching rules and the forward-mode formulas.
+"""What both autograd routes share: what a node saves, its backward, double backward and
+forward-mode formulas, masks and batching rules.
 
 Used by :mod:`convlab.autograd.function` (the ``torch.autograd.Function`` route) and
 :mod:`convlab.autograd.library_op` (the ``torch.library`` operator route); each passes its
@@ -13,6 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from convlab.scratch import double_backward
 from convlab.scratch.params import ConvParams
 
 Grads = tuple[Tensor | None, Tensor | None, Tensor | None]
@@ -113,7 +115,7 @@ def _conv_jvp(
 ) -> Tensor:
     """Tangent of a convolution's output: ``conv(x_t, w) + conv(x, w_t) + b_t``.
 
-    The formula of ``reference.convolution_jvp`` (convolution is bilinear in input and
+    The formula of ``double_backward.convolution_jvp`` (convolution is bilinear in input and
     weight), evaluated with ``conv``, the wrapper's own differentiable, vmappable
     convolution: under ``jacfwd``/``hessian`` the tangents are batched, and the wrapper's
     batching rule handles that where the plain reference kernels would not. A ``None``
@@ -131,8 +133,34 @@ def _conv_jvp(
     return tangent
 
 
+def _save_conv_inputs(ctx: Any, inputs: tuple[Any, ...]) -> None:
+    """Save what a convolution's backward and jvp need (both routes): input and weight,
+    the bias too for the jvp, the normalised hyper-parameters and the bias size."""
+    input, weight, bias, *hyper = inputs
+    ctx.save_for_backward(input, weight)
+    ctx.save_for_forward(input, weight, bias)
+    ctx.hyper = tuple(ConvParams.create(weight.dim() - 2, *hyper).aten_args())
+    ctx.bias_sizes = None if bias is None else list(bias.shape)
+
+
+def _conv_backward(backward: BackwardFn, ctx: Any, grad_output: Tensor) -> tuple[Any, ...]:
+    """A convolution node's backward: ``backward`` (the route's differentiable convolution
+    backward) asked only for what autograd needs, then ``None`` for the six hyper-parameters."""
+    input, weight = ctx.saved_tensors
+    mask = _needs(ctx, ctx.bias_sizes)
+    grads = backward(grad_output, input, weight, ctx.bias_sizes, *ctx.hyper, mask)
+    return (*_keep(grads, mask), *(None,) * 6)
+
+
+def _conv_node_jvp(conv: Callable[..., Tensor], ctx: Any,
+                   tangents: tuple[Tensor | None, Tensor | None, Tensor | None]) -> Tensor:
+    """A convolution node's jvp: :func:`_conv_jvp` on the saved primals."""
+    input, weight, bias = ctx.saved_tensors
+    return _conv_jvp(conv, (input, weight, bias), tangents, ctx.hyper)
+
+
 def _save_backward_inputs(ctx: Any, inputs: tuple[Any, ...]) -> None:
-    """Save what a convolution backward's own backward and jvp need (both wrappers)."""
+    """Save what a convolution backward's own backward and jvp need (both routes)."""
     grad_output, input, weight, bias_sizes, *hyper, output_mask = inputs
     ctx.save_for_backward(grad_output, input, weight)
     ctx.save_for_forward(grad_output, input, weight)
@@ -140,3 +168,29 @@ def _save_backward_inputs(ctx: Any, inputs: tuple[Any, ...]) -> None:
     ctx.bias_sizes = bias_sizes
     ctx.output_mask = list(output_mask)
     ctx.set_materialize_grads(False)
+
+
+def _double_backward(ctx: Any, ggI: Tensor | None, ggW: Tensor | None,
+                     ggb: Tensor | None) -> tuple[Tensor | None, ...]:
+    """A convolution-backward node's backward: ``(ggO, gI, gW)`` from
+    :func:`convlab.scratch.double_backward.convolution_double_backward`, then ``None`` for
+    the eight other arguments. Gradients of masked-off outputs (``None`` or empty) carry
+    no information and are dropped first."""
+    grad_output, input, weight = ctx.saved_tensors
+    ggs = [g if m else None for g, m in zip((ggI, ggW, ggb), ctx.output_mask, strict=True)]
+    mask = [bool(m) for m in ctx.needs_input_grad[:3]]
+    if all(g is None for g in ggs) or not any(mask):
+        return (None,) * 11
+    grads = double_backward.convolution_double_backward(
+        *ggs, grad_output, weight, input, *ctx.hyper, mask
+    )
+    return (*_keep(grads, mask), *(None,) * 8)
+
+
+def _backward_node_jvp(backward: BackwardFn, ctx: Any,
+                       tangents: tuple[Tensor | None, Tensor | None, Tensor | None]
+                       ) -> list[Tensor | None]:
+    """A convolution-backward node's jvp: :func:`_backward_jvp` on the saved primals."""
+    grad_output, input, weight = ctx.saved_tensors
+    return _backward_jvp(backward, grad_output, input, weight, tangents, ctx.bias_sizes,
+                         ctx.hyper, ctx.output_mask)

@@ -3,8 +3,9 @@
 :class:`Convolution` (and its functional form :func:`convolution`) runs
 ``reference.convolution``; its backward is a second Function, :class:`ConvolutionBackward`,
 whose forward is ``reference.convolution_backward`` and whose backward is
-``reference.convolution_double_backward``. So ``gradgradcheck`` exercises convlab's
-double-backward formulas, not autograd recorded through the ops of the first backward.
+``double_backward.convolution_double_backward`` (both in :mod:`convlab.scratch`). So
+``gradgradcheck`` exercises convlab's double-backward formulas, not autograd recorded
+through the ops of the first backward.
 Both use the "new-style" form (``forward`` without ``ctx`` plus ``setup_context``), which
 ``torch.func`` requires, and have ``jvp`` and ``vmap`` rules.
 
@@ -26,11 +27,13 @@ from torch import Tensor
 
 from convlab.autograd.common import (
     Grads,
-    _backward_jvp,
-    _conv_jvp,
+    _backward_node_jvp,
+    _conv_backward,
+    _conv_node_jvp,
+    _double_backward,
     _keep,
-    _needs,
     _save_backward_inputs,
+    _save_conv_inputs,
     _vmap_conv,
     _vmap_conv_backward,
 )
@@ -48,7 +51,7 @@ class ConvolutionBackward(torch.autograd.Function):
     output_padding, groups, output_mask)`` returns ``(grad_input, grad_weight, grad_bias)``
     (``None`` where masked) from ``reference.convolution_backward``. ``backward`` takes the
     gradients of those three (``ggI, ggW, ggb``) and returns ``(ggO, gI, gW)`` from
-    ``reference.convolution_double_backward``; ``jvp`` is ``_backward_jvp``; ``vmap`` is
+    ``double_backward.convolution_double_backward``; ``jvp`` is ``_backward_jvp``; ``vmap`` is
     one call per batch element (``generate_vmap_rule`` cannot be used: with list arguments
     its forward-mode path fails inside torch).
     """
@@ -83,26 +86,15 @@ class ConvolutionBackward(torch.autograd.Function):
     def backward(  # type: ignore[override]
         ctx: Any, ggI: Tensor | None, ggW: Tensor | None, ggb: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        """``(ggO, gI, gW)`` from ``reference.convolution_double_backward``."""
-        grad_output, input, weight = ctx.saved_tensors
-        mask = [bool(m) for m in ctx.needs_input_grad[:3]]
-        if all(g is None for g in (ggI, ggW, ggb)) or not any(mask):
-            return (None,) * 11
-        grads = reference.convolution_double_backward(
-            ggI, ggW, ggb, grad_output, weight, input, *ctx.hyper, mask
-        )
-        return (*_keep(grads, mask), *(None,) * 8)
+        """``(ggO, gI, gW)`` from ``double_backward.convolution_double_backward``."""
+        return _double_backward(ctx, ggI, ggW, ggb)
 
     @staticmethod
     def jvp(  # type: ignore[override]
         ctx: Any, go_t: Tensor | None, in_t: Tensor | None, w_t: Tensor | None, *_: Any
     ) -> tuple[Tensor | None, ...]:
         """Tangents of the three gradients (``None`` where masked or zero)."""
-        grad_output, input, weight = ctx.saved_tensors
-        return tuple(_backward_jvp(
-            ConvolutionBackward.apply, grad_output, input, weight, (go_t, in_t, w_t),
-            ctx.bias_sizes, ctx.hyper, ctx.output_mask,
-        ))
+        return tuple(_backward_node_jvp(ConvolutionBackward.apply, ctx, (go_t, in_t, w_t)))
 
     @staticmethod
     def vmap(info: Any, in_dims: Sequence[Any], *args: Any) -> Any:  # type: ignore[override]
@@ -142,30 +134,19 @@ class Convolution(torch.autograd.Function):
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
         """Save input and weight for ``backward``, and the bias too for ``jvp``."""
-        input, weight, bias, *hyper = inputs
-        ctx.save_for_backward(input, weight)
-        ctx.save_for_forward(input, weight, bias)
-        ctx.aten_args = ConvParams.create(weight.dim() - 2, *hyper).aten_args()
-        ctx.bias_sizes = None if bias is None else list(bias.shape)
+        _save_conv_inputs(ctx, inputs)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
         """Gradients of input, weight and bias through :class:`ConvolutionBackward`."""
-        input, weight = ctx.saved_tensors
-        grads = ConvolutionBackward.apply(
-            grad_output, input, weight, ctx.bias_sizes, *ctx.aten_args,
-            _needs(ctx, ctx.bias_sizes),
-        )
-        return (*grads, None, None, None, None, None, None)
+        return _conv_backward(ConvolutionBackward.apply, ctx, grad_output)
 
     @staticmethod
     def jvp(  # type: ignore[override]
         ctx: Any, in_t: Tensor | None, w_t: Tensor | None, b_t: Tensor | None, *_: Any
     ) -> Tensor:
         """Output tangent ``conv(x_t, w) + conv(x, w_t) + b_t``, computed with this Function."""
-        input, weight, bias = ctx.saved_tensors
-        return _conv_jvp(Convolution.apply, (input, weight, bias), (in_t, w_t, b_t),
-                         ctx.aten_args)
+        return _conv_node_jvp(Convolution.apply, ctx, (in_t, w_t, b_t))
 
     @staticmethod
     def vmap(info: Any, in_dims: Sequence[Any], *args: Any) -> Any:  # type: ignore[override]

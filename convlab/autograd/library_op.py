@@ -26,11 +26,12 @@ from torch.autograd.forward_ad import _set_fwd_grad_enabled
 from torch.autograd.function import _SingleLevelFunction
 
 from convlab.autograd.common import (
-    _backward_jvp,
-    _conv_jvp,
-    _keep,
-    _needs,
+    _backward_node_jvp,
+    _conv_backward,
+    _conv_node_jvp,
+    _double_backward,
     _save_backward_inputs,
+    _save_conv_inputs,
     _vmap_conv,
     _vmap_conv_backward,
 )
@@ -85,18 +86,28 @@ def _fresh(t: Tensor) -> Tensor:
     return t if ordinary else t.clone(memory_format=torch.contiguous_format)
 
 
-def _check_backward_args(
+def _backward_params(
     grad_output: Tensor,
     input: Tensor,
     weight: Tensor,
     bias_sizes: Sequence[int] | None,
-    p: ConvParams,
+    stride: list[int],
+    padding: list[int],
+    dilation: list[int],
+    transposed: bool,
+    output_padding: list[int],
+    groups: int,
     output_mask: Sequence[bool],
-) -> None:
+) -> ConvParams:
+    """The backward's hyper-parameters, every argument validated (real and fake kernels)."""
+    p = ConvParams.for_tensors(
+        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
+    )
     p.check_shapes(tuple(input.shape), tuple(weight.shape))
     check_bias_sizes(bias_sizes, p.output_shape(tuple(input.shape), tuple(weight.shape))[1])
     p.check_grad_output(grad_output, input, weight)
     check_output_mask(output_mask)
+    return p
 
 
 def _convolution_kernel(
@@ -149,10 +160,8 @@ def _convolution_backward_kernel(
     output_mask: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Real kernel of ``convlab::convolution_backward``; shape [0] where the mask is False."""
-    p = ConvParams.for_tensors(
-        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
-    )
-    _check_backward_args(grad_output, input, weight, bias_sizes, p, output_mask)
+    p = _backward_params(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                         transposed, output_padding, groups, output_mask)
     grads = reference.convolution_backward(
         grad_output, input, weight, bias_sizes, *p.aten_args(), output_mask
     )
@@ -175,10 +184,8 @@ def _convolution_backward_fake(
     output_mask: list[bool],
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Fake kernel: validates like the real one; empty tensors of the gradients' shapes."""
-    p = ConvParams.for_tensors(
-        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
-    )
-    _check_backward_args(grad_output, input, weight, bias_sizes, p, output_mask)
+    p = _backward_params(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                         transposed, output_padding, groups, output_mask)
     out_channels = p.output_shape(tuple(input.shape), tuple(weight.shape))[1]
     shapes = (tuple(input.shape), tuple(weight.shape), (out_channels,))
     return tuple(  # type: ignore[return-value]
@@ -214,35 +221,24 @@ class ConvolutionOpFunction(_SingleLevelFunction):
 
     @staticmethod
     def setup_context(ctx: Any, inputs: tuple[Any, ...], output: Tensor) -> None:
-        input, weight, bias, *hyper = inputs
-        ctx.save_for_backward(input, weight)
-        ctx.save_for_forward(input, weight, bias)
-        ctx.hyper = tuple(hyper)
-        ctx.bias_sizes = None if bias is None else list(bias.shape)
+        _save_conv_inputs(ctx, inputs)
 
     @staticmethod
     def backward(ctx: Any, grad_output: Tensor) -> tuple[Tensor | None, ...]:  # type: ignore[override]
-        input, weight = ctx.saved_tensors
-        mask = _needs(ctx, ctx.bias_sizes)
-        grads = torch.ops.convlab.convolution_backward(
-            grad_output, input, weight, ctx.bias_sizes, *ctx.hyper, mask
-        )
-        return (*_keep(grads, mask), *(None,) * 6)
+        return _conv_backward(torch.ops.convlab.convolution_backward, ctx, grad_output)
 
     @staticmethod
     def jvp(  # type: ignore[override]
         ctx: Any, in_t: Tensor | None, w_t: Tensor | None, b_t: Tensor | None, *_: Any
     ) -> Tensor:
-        input, weight, bias = ctx.saved_tensors
-        return _conv_jvp(torch.ops.convlab.convolution, (input, weight, bias), (in_t, w_t, b_t),
-                         ctx.hyper)
+        return _conv_node_jvp(torch.ops.convlab.convolution, ctx, (in_t, w_t, b_t))
 
 
 class ConvolutionBackwardOpFunction(_SingleLevelFunction):
     """Autograd kernel of ``convlab::convolution_backward``.
 
-    ``backward`` is ``reference.convolution_double_backward`` (gradients of the empty,
-    masked-off outputs are dropped); ``jvp`` is ``_backward_jvp`` through the operator.
+    ``backward`` is ``double_backward.convolution_double_backward`` (gradients of the
+    empty, masked-off outputs are dropped); ``jvp`` is ``_backward_jvp`` through the operator.
     """
 
     @staticmethod
@@ -258,16 +254,7 @@ class ConvolutionBackwardOpFunction(_SingleLevelFunction):
     def backward(  # type: ignore[override]
         ctx: Any, ggI: Tensor | None, ggW: Tensor | None, ggb: Tensor | None
     ) -> tuple[Tensor | None, ...]:
-        grad_output, input, weight = ctx.saved_tensors
-        # Gradients of masked-off (empty) outputs carry no information.
-        ggs = [g if m else None for g, m in zip((ggI, ggW, ggb), ctx.output_mask, strict=True)]
-        mask = [bool(m) for m in ctx.needs_input_grad[:3]]
-        if all(g is None for g in ggs) or not any(mask):
-            return (None,) * 11
-        grads = reference.convolution_double_backward(
-            *ggs, grad_output, weight, input, *ctx.hyper, mask
-        )
-        return (*_keep(grads, mask), *(None,) * 8)
+        return _double_backward(ctx, ggI, ggW, ggb)
 
     @staticmethod
     def jvp(  # type: ignore[override]
@@ -275,10 +262,8 @@ class ConvolutionBackwardOpFunction(_SingleLevelFunction):
     ) -> tuple[Tensor, ...]:
         grad_output, input, weight = ctx.saved_tensors
         mask = ctx.output_mask
-        tangents = _backward_jvp(
-            torch.ops.convlab.convolution_backward, grad_output, input, weight,
-            (go_t, in_t, w_t), ctx.bias_sizes, ctx.hyper, mask,
-        )
+        tangents = _backward_node_jvp(torch.ops.convlab.convolution_backward, ctx,
+                                      (go_t, in_t, w_t))
         # Every output has a tangent: zeros where no input tangent reaches it, and an empty
         # tangent for an empty (masked-off) output.
         shapes = (input.shape, weight.shape, (grad_output.shape[1],))

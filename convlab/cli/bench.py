@@ -31,23 +31,23 @@ def int_arg(text: str) -> int:
 
 def bench_parser() -> argparse.ArgumentParser:
     """The options of ``convlab bench``."""
-    from convlab.lab import bench
+    from convlab.lab import bench, paths
 
     parser = argparse.ArgumentParser(
         prog="convlab bench",
         description="Time every convolution path (native, forced backends, convlab's own) "
         "side by side in interleaved rounds, with an A/A pair for the noise band; write CSV "
         "and JSON.",
-        epilog=bench.FLOP_FORMULA + ". " + bench.MEMORY_METHOD + ".",
+        epilog=paths.FLOP_FORMULA + ". " + bench.MEMORY_METHOD + ".",
     )
     parser.add_argument("--quick", action="store_true",
-                        help=f"layers {','.join(bench.QUICK_LAYERS)}, passes backward and "
+                        help=f"layers {','.join(paths.QUICK_LAYERS)}, passes backward and "
                         "forward_backward, no memory")
     parser.add_argument("--layers", type=names, help="comma-separated layer names (see --list)")
     parser.add_argument("--paths", type=names,
-                        help=f"comma-separated, from {','.join(bench.PATHS)}")
+                        help=f"comma-separated, from {','.join(paths.PATH_NAMES)}")
     parser.add_argument("--passes", type=names,
-                        help=f"comma-separated, from {','.join(bench.PASSES)}")
+                        help=f"comma-separated, from {','.join(paths.PASSES)}")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     parser.add_argument("--threads", type=int_arg, default=None,
                         help="torch and NumPy BLAS threads (default: torch's current count)")
@@ -80,23 +80,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``convlab bench``: check the options, run, print tables and ratios, write files."""
     import torch
 
-    from convlab.lab import bench
+    from convlab.lab import bench, bench_report, paths
 
     parser = bench_parser()
     args = parser.parse_args(list(argv) if argv is not None else None)
     if args.list:
-        for layer in bench.SUITE:
+        for layer in paths.SUITE:
             print(f"{layer.name:<11} {layer.describe():<44} {layer.note}")
         return 0
     layers = args.layers if args.layers is not None else (
-        list(bench.QUICK_LAYERS) if args.quick else None)
+        list(paths.QUICK_LAYERS) if args.quick else None)
     passes = args.passes if args.passes is not None else (
         ["backward", "forward_backward"] if args.quick else None)
     memory = not (args.no_memory or args.quick)
     try:  # every argument, before any work
         bench._resolve_layers(layers)
-        bench._check_choice(args.paths, bench.PATHS, "paths")
-        bench._check_choice(passes, bench.PASSES, "passes")
+        bench._check_choice(args.paths, paths.PATH_NAMES, "paths")
+        bench._check_choice(passes, paths.PASSES, "passes")
         device = bench.check_device(args.device)
         threads = bench.check_threads(torch.get_num_threads() if args.threads is None
                                       else args.threads)
@@ -104,11 +104,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError(f"rounds must be a positive int, got {args.rounds}")
         if not 0 < args.min_run_time < 60:
             raise ValueError(f"min-run-time must be in (0, 60) seconds, got {args.min_run_time}")
-        bench.check_out_dir(args.out)
+        bench_report.check_out_dir(args.out)
     except (ValueError, TypeError) as err:
         print(f"convlab bench: error: {err}", file=sys.stderr)
         return 2
-    report = bench.Report()
+    report = bench_report.Report()
     start = time.perf_counter()
     status = 0
     try:
@@ -121,7 +121,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if sys.stderr.isatty():
         print(file=sys.stderr)
     _print_report(report, args.rounds, args.min_run_time, time.perf_counter() - start)
-    csv_path, json_path = bench.write(report, args.out)
+    csv_path, json_path = bench_report.write(report, args.out)
     if status:
         print(f"\ninterrupted: wrote the {len(report.results)} results finished so far to "
               f"{csv_path} and {json_path}")
@@ -131,7 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _print_report(report: object, rounds: int, min_run_time: float, seconds: float) -> None:
-    from convlab.lab import bench
+    from convlab.lab import bench_report
 
     meta = report.meta  # type: ignore[attr-defined]
     results = report.results  # type: ignore[attr-defined]
@@ -140,19 +140,19 @@ def _print_report(report: object, rounds: int, min_run_time: float, seconds: flo
           f"{meta.get('dtype')}; median of {rounds} interleaved rounds x "
           f"blocked_autorange({min_run_time:g} s), range = min-max over rounds "
           f"({seconds:.0f} s)")
-    print(bench.format_table(results))
+    print(bench_report.format_table(results))
     for skip in report.skipped:  # type: ignore[attr-defined]
         print(f"skipped {skip.layer}/{skip.path}: {skip.reason}")
-    rows = bench.comparisons(results)
+    rows = bench_report.comparisons(results)
     if rows:
         print("\nmeasured ratios (median of per-round ratios, min-max over rounds); A/A band "
               "= largest gap between the medians of native and its forced twin (same kernel) "
               "over the run's layers; slower/faster only outside it:")
         for pass_ in dict.fromkeys(r.pass_ for r in results):
-            band = bench.run_band(results, pass_)
+            band = bench_report.run_band(results, pass_)
             if not math.isnan(band):
                 print(f"  A/A band for {pass_}: {band:.0%}")
         for c in rows:
             print("  " + c.line())
-    for line in bench.noise_warnings(results):
+    for line in bench_report.noise_warnings(results):
         print(line)

@@ -1,7 +1,7 @@
 """``convlab doctor``: the environment, the backends, and a quick check of every path.
 
 It prints versions (torch, CUDA, cuDNN, oneDNN), thread counts, the backends
-:func:`convlab.aten.native.use_backend` can force here, which ATen backend each benchmark layer
+:func:`convlab.aten.backends.use_backend` can force here, which ATen backend each benchmark layer
 (``convlab.lab.paths.SUITE``) selects, the accuracy of the default backend per dtype (when
 :mod:`convlab.lab.numerics` is present), and then checks every path of
 ``convlab.lab.paths.PATHS`` on the small layers ``convlab.lab.paths.CASES``, in float64
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from convlab.aten import native
+from convlab.aten import backends
 from convlab.lab import bench, machine, paths
 from convlab.lab.paths import CASES, Layer, NotApplicable
 from convlab.scratch import reference
@@ -197,7 +197,7 @@ def checks(device: torch.device, build_extension: bool = False,
             continue
         if path.cpu_only and device.type != "cpu":
             continue
-        if path.force is not None and path.force not in native.available_backends(device):
+        if path.force is not None and path.force not in backends.available_backends(device):
             continue
         dtype = torch.float64 if path.float64 else torch.float32
         oracle = reference_expected if path.is_aten else aten_expected
@@ -324,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for line in fingerprint_lines():
         print(f"  {line}")
     print(f"\n== backends use_backend() can force on {device.type}")
-    print("  " + ", ".join(native.available_backends(device)))
+    print("  " + ", ".join(backends.available_backends(device)))
     print(f"\n== backend each `convlab bench` layer selects on {device.type} (requires_grad)")
     print(f"  {'layer':<11} {'shape':<44} {'float32':<16} {'float64':<16} forced slow")
     for name, shape, f32, f64, slow in selection_table(device):

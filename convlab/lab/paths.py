@@ -37,7 +37,7 @@ from dataclasses import dataclass
 
 import torch
 
-from convlab.aten import native
+from convlab.aten import backends
 from convlab.scratch import numpy_ref, reference, thnn
 from convlab.scratch.params import ConvParams
 
@@ -236,7 +236,7 @@ Tensors = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
 class Path:
     """One way to run a convolution and its backward.
 
-    ``force`` names the :func:`convlab.aten.native.use_backend` backend held while the path runs
+    ``force`` names the :func:`convlab.aten.backends.use_backend` backend held while the path runs
     (None: the current flags). ``float64`` says whether it serves float64.
     """
 
@@ -267,13 +267,13 @@ class Path:
         x = torch.empty(layer.input_shape, device=device, dtype=dtype, requires_grad=True)
         w = torch.empty(layer.weight_shape, device=device, dtype=dtype, requires_grad=True)
         if self.force is None:  # select as a training step does: inputs require grad
-            return native.select_backend(x, w, None, *layer.args())
-        if self.force not in native.available_backends(device):
+            return backends.select_backend(x, w, None, *layer.args())
+        if self.force not in backends.available_backends(device):
             raise NotApplicable(f"not available on {device.type} in this build")
         try:
-            with native.use_backend(self.force, x, w, None, *layer.args()) as chosen:
+            with backends.use_backend(self.force, x, w, None, *layer.args()) as chosen:
                 return str(chosen)
-        except native.BackendMismatch as err:  # ATen picks another backend for these inputs
+        except backends.BackendMismatch as err:  # ATen picks another backend for these inputs
             raise NotApplicable(f"ATen selects {err.chosen} here") from None
 
     def runners(self, layer: Layer, tensors: Tensors, hold: bool = True) -> Runners:
@@ -294,13 +294,13 @@ class Path:
         if self.force is None:
             yield
         else:
-            with native.use_backend(self.force):
+            with backends.use_backend(self.force):
                 yield
 
 
 def _held(force: str, fn: Callable[[], object]) -> Callable[[], object]:
     def run() -> object:
-        with native.use_backend(force):
+        with backends.use_backend(force):
             return fn()
 
     return run
@@ -407,7 +407,7 @@ PATH_NAMES: tuple[str, ...] = tuple(p.name for p in PATHS)
 TWIN_OF_BACKEND: dict[str, str] = {
     "Mkldnn": "mkldnn", "MkldnnTranspose": "mkldnn", "Cudnn": "cudnn",
     "CudnnTranspose": "cudnn", "NnpackSpatial": "nnpack",
-    **{name: "slow" for name in native.SLOW_BACKENDS},
+    **{name: "slow" for name in backends.SLOW_BACKENDS},
     "CudaDepthwise2d": "slow", "CudaDepthwise3d": "slow",
 }
 

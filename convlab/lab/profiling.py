@@ -6,16 +6,16 @@
   process's resident-set high-water mark, Linux CPU only); see :mod:`convlab.lab.bench` for
   what each sees;
 * :func:`profile_ops`: the ``torch.profiler`` self-time breakdown of one call;
-* :func:`onednn_trace`: the oneDNN primitives one call executes, from its verbose log;
-* :func:`redirect_fd` (from :mod:`convlab.aten.capture`): send what C code writes to stdout
-  or stderr elsewhere (kineto and oneDNN print from C, past ``sys.stdout``).
+* :func:`onednn_trace`: the oneDNN primitives one call executes, from its verbose log
+  (captured with :func:`convlab.aten.capture.redirect_fd`: oneDNN prints from C, past
+  ``sys.stdout``).
 
 Torch's profiler, the file descriptors, tracemalloc and the RSS high-water mark are
 process-wide: every function here holds :data:`convlab.aten.capture.PROFILER_LOCK` while it
 uses them, so calls from several threads run one after another instead of crashing the
 process or leaving stdout redirected, and tracemalloc is stopped even when ``fn`` raises.
 
-:mod:`convlab.lab.bench` uses these for its memory columns and re-exports the public ones.
+:mod:`convlab.lab.bench` uses these for its memory columns.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from convlab.aten.capture import PROFILER_LOCK, redirect_fd
 
 __all__ = [
     "OneDNNCall", "OpTime", "alloc_peak", "measure_memory", "onednn_trace", "profile_ops",
-    "redirect_fd", "rss_peak",
+    "rss_peak",
 ]
 
 

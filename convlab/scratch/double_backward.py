@@ -5,7 +5,7 @@
 both built from :func:`convlab.scratch.reference.convolution` and
 :func:`convlab.scratch.reference.convolution_backward`: a convolution is bilinear in
 (input, weight), so every second-order term is one more convolution or convolution
-backward. Both names are importable from :mod:`convlab.scratch.reference` too.
+backward.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
-"""Convolution forward, backward and double backward from torch ops: the exact yardstick.
+"""Convolution forward and backward from torch ops: the exact yardstick.
 
 Each function has the signature, argument order and return tuple of its ``torch.ops.aten``
-twin (``convolution``, ``convolution_backward``, ``_convolution_double_backward``), works for
-1-d, 2-d and 3-d convolutions with stride, padding, dilation, groups, ``transposed`` and
-``output_padding``, and never calls a native convolution kernel: everything is an N-d
-im2col (:func:`convlab.scratch.im2col.im2col`), one batched GEMM over the groups, and an N-d
-col2im.
+twin (``convolution``, ``convolution_backward``; the second order, built on these two, is
+:mod:`convlab.scratch.double_backward`), works for 1-d, 2-d and 3-d convolutions with
+stride, padding, dilation, groups, ``transposed`` and ``output_padding``, and never calls
+a native convolution kernel: everything is an N-d im2col
+(:func:`convlab.scratch.im2col.im2col`), one batched GEMM over the groups, and an N-d col2im.
 
 Three GEMMs make a convolution. With columns ``X = im2col(x)`` ``[G, C/G*k, N*L]`` (one
 column per sample and output position), the weight as ``W`` ``[G, K/G, C/G*k]`` and the
@@ -55,13 +55,7 @@ from convlab.scratch.params import (
     check_tensor,
 )
 
-__all__ = [
-    "convolution",
-    "convolution_backward",
-    # from convlab.scratch.double_backward, through the module __getattr__ at the end
-    "convolution_double_backward",  # noqa: F822
-    "convolution_jvp",  # noqa: F822
-]
+__all__ = ["convolution", "convolution_backward"]
 
 Mask = Sequence[bool]
 Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
@@ -426,22 +420,3 @@ def _check_like(t: object, ref: torch.Tensor, name: str, ref_name: str) -> None:
         raise ValueError(f"{name} must have the shape of {ref_name} {list(ref.shape)}, "
                          f"got {list(t.shape)}")
 
-
-
-# ---------------------------------------------------------------------------------------
-# Second order: convolution_double_backward and convolution_jvp live in
-# convlab.scratch.double_backward (they call the functions above); importable from here too.
-
-_SECOND_ORDER = ("convolution_double_backward", "convolution_jvp")
-
-
-def __getattr__(name: str) -> object:
-    if name in _SECOND_ORDER:
-        from convlab.scratch import double_backward
-
-        return getattr(double_backward, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    return sorted([*globals(), *_SECOND_ORDER])

@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from convlab.aten import explain as ex
-from convlab.aten.selection import ConvQuery, Environment
+from convlab.aten.conv_query import ConvQuery, Environment
 from convlab.cli import main as cli_main
 
 

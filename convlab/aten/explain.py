@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from convlab.aten import selection
+from convlab.aten.conv_query import ConvQuery, Environment, Selection
 from convlab.aten.kernels import backward_kernel
-from convlab.aten.selection import ConvQuery, Environment, Selection
 
 _GROUP_LOOP = frozenset({"Slow2d", "SlowDilated2d", "SlowDilated3d", "SlowTranspose2d",
                          "SlowTranspose3d", "NnpackSpatial"})

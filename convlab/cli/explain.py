@@ -43,8 +43,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     from dataclasses import replace
 
+    from convlab.aten.conv_query import ConvQuery, Environment
     from convlab.aten.explain import explain, format_explanation
-    from convlab.aten.selection import ConvQuery, Environment
 
     try:
         query = ConvQuery.create(
@@ -74,8 +74,8 @@ def _with_kernels(query, env, args: argparse.Namespace) -> int:  # noqa: ANN001
     """``--kernels``: run the process with the asked flags, then trace under gdb."""
     import torch
 
+    from convlab.aten.conv_query import Environment
     from convlab.aten.explain import explain, format_explanation
-    from convlab.aten.selection import Environment
 
     if query.device != "cpu":
         raise ValueError("--kernels traces CPU layers only")

@@ -4,10 +4,9 @@
 flags, threads) with a frozen :class:`Explanation`: the backend the forward and the backward
 select (:mod:`convlab.aten.selection`, cross-checked against ATen's own
 ``torch._C._select_conv_backend`` when the device is here, without owning the layer's
-memory: :func:`aten_check`), the decisive terms, the
-smallest single change that flips the choice, the backward kernel
-(:func:`convlab.aten.kernels.backward_kernel`), the buffers it allocates (from the shapes)
-and the autograd node recorded. :func:`format_explanation` prints it; the command is
+memory: :func:`aten_check`), the decisive terms, the smallest single change that flips the
+choice, the backward kernel (:func:`convlab.aten.kernels.backward_kernel`), the buffers it
+allocates (from the shapes) and the autograd node recorded. :func:`format_explanation` prints it; the command is
 ``convlab explain`` (:mod:`convlab.cli.explain`).
 """
 
@@ -116,7 +115,7 @@ def aten_check(q: ConvQuery, env: Environment) -> AtenCheck:
     """Ask ATen's ``_select_conv_backend`` for the forward's backend, without owning the
     layer's memory.
 
-    A layer over :data:`REAL_TENSOR_BYTES` is asked with zero-stride stand-ins: the CPU
+    A layer over ``REAL_TENSOR_BYTES`` is asked with zero-stride stand-ins: the CPU
     selection reads sizes, dtype, device, layout and flags, and a stand-in suggests the
     contiguous format, as the real tensor does. Not for a channels_last layer (no
     stand-in suggests it), a 1-d one (ATen copies it with ``contiguous()`` first) or a GPU

@@ -6,8 +6,8 @@ select (:mod:`convlab.aten.selection`, cross-checked against ATen's own
 ``torch._C._select_conv_backend`` when the device is here, without owning the layer's
 memory: :func:`aten_check`), the decisive terms, the smallest single change that flips the
 choice, the backward kernel (:func:`convlab.aten.kernels.backward_kernel`), the buffers it
-allocates (from the shapes) and the autograd node recorded. :func:`format_explanation` prints it; the command is
-``convlab explain`` (:mod:`convlab.cli.explain`).
+allocates (from the shapes) and the autograd node recorded. :func:`format_explanation`
+prints it; the command is ``convlab explain`` (:mod:`convlab.cli.explain`).
 """
 
 from __future__ import annotations

@@ -13,7 +13,16 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from convlab.cli.args import Parser, folder, int_range, integer, parse, refuse, seconds
+
 INTERRUPTED = 130
+# The verdicts are sign tests over rounds: 20 rounds on one side already give p < 2e-6, and
+# past that the A/A band, not the number of rounds, limits what a run can resolve. 100 rounds
+# of the whole suite at the default 0.1 s blocks take about an hour; more only costs time.
+MAX_ROUNDS = 100
+# A block's minimum time (torch.utils.benchmark's blocked_autorange); one minute is far more
+# than any layer of the suite needs for a stable median.
+MAX_MIN_RUN_TIME = 60.0
 
 
 def names(text: str) -> list[str]:
@@ -21,19 +30,14 @@ def names(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def int_arg(text: str) -> int:
-    """An integer option (argparse turns the ValueError into a usage error)."""
-    return int(text)
-
-
 # ---------------------------------------------------------------------------------- bench
 
 
-def bench_parser() -> argparse.ArgumentParser:
-    """The options of ``convlab bench``."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``convlab bench``, each value checked by its type where it can be."""
     from convlab.lab import bench
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="convlab bench",
         description="Time every convolution path (native, forced backends, convlab's own) "
         "side by side in interleaved rounds, with an A/A pair for the noise band; write CSV "
@@ -49,15 +53,18 @@ def bench_parser() -> argparse.ArgumentParser:
     parser.add_argument("--passes", type=names,
                         help=f"comma-separated, from {','.join(bench.PASSES)}")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--threads", type=int_arg, default=None,
+    parser.add_argument("--threads", type=integer, default=None,
                         help="torch and NumPy BLAS threads (default: torch's current count)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     # 7 rounds: the sign test behind every verdict needs at least timing.MIN_ROUNDS (6).
-    parser.add_argument("--rounds", type=int_arg, default=7, help="interleaved rounds (7)")
-    parser.add_argument("--min-run-time", type=float, default=0.1,
-                        help="seconds per blocked_autorange block (0.1)")
+    parser.add_argument("--rounds", type=int_range(1, MAX_ROUNDS, "rounds"), default=7,
+                        help=f"interleaved rounds (7; at most {MAX_ROUNDS})")
+    parser.add_argument("--min-run-time", type=seconds(MAX_MIN_RUN_TIME), default=0.1,
+                        help="seconds per blocked_autorange block (0.1; at most "
+                        f"{MAX_MIN_RUN_TIME:g})")
     parser.add_argument("--no-memory", action="store_true", help="skip memory measurements")
-    parser.add_argument("--out", default="bench-results", help="output folder for CSV and JSON")
+    parser.add_argument("--out", type=folder, default="bench-results",
+                        help="output folder for CSV and JSON (created)")
     parser.add_argument("--list", action="store_true", help="list the suite's layers and exit")
     return parser
 
@@ -82,8 +89,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from convlab.lab import bench
 
-    parser = bench_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    args = parse(build_parser(), argv)
     if args.list:
         for layer in bench.SUITE:
             print(f"{layer.name:<11} {layer.describe():<44} {layer.note}")
@@ -93,21 +99,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     passes = args.passes if args.passes is not None else (
         ["backward", "forward_backward"] if args.quick else None)
     memory = not (args.no_memory or args.quick)
-    try:  # every argument, before any work
+    try:  # every argument, before any work (rounds, min-run-time, out: by their types)
         bench._resolve_layers(layers)
         bench._check_choice(args.paths, bench.PATHS, "paths")
         bench._check_choice(passes, bench.PASSES, "passes")
         device = bench.check_device(args.device)
         threads = bench.check_threads(torch.get_num_threads() if args.threads is None
                                       else args.threads)
-        if args.rounds < 1:
-            raise ValueError(f"rounds must be a positive int, got {args.rounds}")
-        if not 0 < args.min_run_time < 60:
-            raise ValueError(f"min-run-time must be in (0, 60) seconds, got {args.min_run_time}")
         bench.check_out_dir(args.out)
     except (ValueError, TypeError) as err:
-        print(f"convlab bench: error: {err}", file=sys.stderr)
-        return 2
+        return refuse("convlab bench", err)
     report = bench.Report()
     start = time.perf_counter()
     status = 0

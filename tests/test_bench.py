@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from convlab import cli
-from convlab.lab import bench
-from convlab.lab.bench import Layer, Result
+from convlab.lab import bench, bench_report, paths, profiling
+from convlab.lab.bench_report import Report, Result
+from convlab.lab.paths import Layer
 from convlab.lab.timing import Timing
 
 TINY = Layer("tiny", (2, 3, 9, 8), (4, 3, 3, 3), stride=2, padding=1)
@@ -26,7 +27,7 @@ FAST = {"rounds": 2, "min_run_time": 0.001, "threads": 1, "min_calls": 2}
 
 
 @pytest.fixture(scope="module")
-def report() -> bench.Report:
+def report() -> Report:
     """One run of every path and pass on two tiny layers; memory for the backward only."""
     out = bench.benchmark([TINY, TINY_T], device="cpu", memory=False, **FAST)
     mem = bench.benchmark([TINY], device="cpu", passes=["backward"], gemm=False, **FAST)
@@ -34,16 +35,16 @@ def report() -> bench.Report:
     return out
 
 
-def _main(report: bench.Report) -> list[Result]:
+def _main(report: Report) -> list[Result]:
     return [r for r in report.results if math.isnan(r.mem_alloc_mb)]
 
 
-def test_every_applicable_path_and_pass_is_timed(report: bench.Report) -> None:
+def test_every_applicable_path_and_pass_is_timed(report: Report) -> None:
     got = {(r.layer, r.path, r.pass_) for r in _main(report)}
     want = {("tiny", p, s) for p in ["native", "mkldnn", "slow", "thnn", "reference",
-                                     "numpy_ref"] for s in bench.PASSES}
+                                     "numpy_ref"] for s in paths.PASSES}
     want |= {("tiny_t", p, s) for p in ["native", "mkldnn", "slow", "reference"]
-             for s in bench.PASSES}
+             for s in paths.PASSES}
     assert got == want
     skipped = {(s.layer, s.path) for s in report.skipped}
     assert skipped == {("tiny", "cudnn"), ("tiny_t", "cudnn"), ("tiny", "nnpack"),
@@ -51,7 +52,7 @@ def test_every_applicable_path_and_pass_is_timed(report: bench.Report) -> None:
     assert all(s.reason for s in report.skipped)
 
 
-def test_backend_column_names_the_aten_backend(report: bench.Report) -> None:
+def test_backend_column_names_the_aten_backend(report: Report) -> None:
     backends = {(r.layer, r.path): r.backend for r in _main(report)}
     assert backends[("tiny", "native")] == "Mkldnn"
     assert backends[("tiny", "slow")] == "Slow2d"
@@ -60,7 +61,7 @@ def test_backend_column_names_the_aten_backend(report: bench.Report) -> None:
     assert backends[("tiny", "reference")] == "-"
 
 
-def test_spread_columns_come_from_the_rounds(report: bench.Report) -> None:
+def test_spread_columns_come_from_the_rounds(report: Report) -> None:
     for r in _main(report):
         rounds = r.timing.rounds
         assert r.rounds == len(rounds) == 2 and r.calls_per_round >= 1
@@ -74,9 +75,9 @@ def test_spread_columns_come_from_the_rounds(report: bench.Report) -> None:
         assert r.threads == 1 and r.dtype == "float32" and r.device == "cpu"
 
 
-def test_ratio_to_fastest_native_is_per_round(report: bench.Report) -> None:
+def test_ratio_to_fastest_native_is_per_round(report: Report) -> None:
     rows = [r for r in _main(report) if (r.layer, r.pass_) == ("tiny", "backward")]
-    fastest = min((r for r in rows if r.path in bench.NATIVE_PATHS), key=lambda r: r.time_ms)
+    fastest = min((r for r in rows if r.path in bench_report.NATIVE_PATHS), key=lambda r: r.time_ms)
     for r in rows:
         per_round = [a / b for a, b in zip(r.timing.rounds, fastest.timing.rounds,
                                            strict=True)]
@@ -111,26 +112,26 @@ def test_aa_band_comparisons_and_warnings() -> None:
         _result("a", "numpy_ref", (1.02, 1.0, 0.99, 1.0, 1.0, 1.0, 1.0)),
     ]
     # per-round ratios of the A/A pair: the largest |log| is log(1.05)
-    assert bench.aa_band(rows) == pytest.approx(0.05)
-    bench._fill_ratios(rows)
-    by_label = {c.label: c for c in bench.comparisons(rows)}
+    assert bench_report.aa_band(rows) == pytest.approx(0.05)
+    bench_report._fill_ratios(rows)
+    by_label = {c.label: c for c in bench_report.comparisons(rows)}
     ref = by_label["reference / fastest native"]
     assert ref.ratio.median == pytest.approx(2.0) and ref.verdict == "slower"
     assert ref.outcome.above == 7 and ref.outcome.p_value == pytest.approx(2 / 128)
-    assert ref.band == bench.run_band(rows) == pytest.approx(0.05)
+    assert ref.band == bench_report.run_band(rows) == pytest.approx(0.05)
     assert "numpy_ref / aten slow" not in by_label  # no slow path in this run
-    assert bench.noise_warnings(rows) == []
+    assert bench_report.noise_warnings(rows) == []
     noisy = [_result("b", "native", (1.0,) * 7, "Mkldnn"),
              _result("b", "mkldnn", (1.5, 1.5, 1.0, 1.0, 1.0, 1.0, 1.0), "Mkldnn")]
-    bench._fill_ratios(noisy)
-    text = "\n".join(bench.noise_warnings(noisy))
+    bench_report._fill_ratios(noisy)
+    text = "\n".join(bench_report.noise_warnings(noisy))
     assert "per-round ratios reach 50%" in text and "rounds spread" in text
     # pooled over both pairs' 14 ratios: rank 14 of 14 is the 1.5 round
-    assert bench.run_band(rows + noisy) == pytest.approx(0.5)
+    assert bench_report.run_band(rows + noisy) == pytest.approx(0.5)
     # the same 2x with rounds on both sides of the band's edge is no verdict
     mixed = [*rows[:2], _result("a", "reference", (2.0, 2.2, 1.9, 1.0, 2.0, 1.95, 2.05))]
-    bench._fill_ratios(mixed)
-    assert {c.label: c for c in bench.comparisons(mixed)}[
+    bench_report._fill_ratios(mixed)
+    assert {c.label: c for c in bench_report.comparisons(mixed)}[
         "reference / fastest native"].verdict == "within noise"
 
 
@@ -142,40 +143,40 @@ def test_bench_does_not_import_the_cli() -> None:
     assert subprocess.run([sys.executable, "-c", code], check=False).returncode == 0
 
 
-def test_memory_columns_see_the_outputs(report: bench.Report) -> None:
+def test_memory_columns_see_the_outputs(report: Report) -> None:
     """Every backward allocates at least its outputs; the measurement must see them."""
     rows = [r for r in report.results if not math.isnan(r.mem_alloc_mb)]
     assert {r.path for r in rows} >= {"native", "slow", "thnn", "reference", "numpy_ref"}
     out_bytes = 4 * (2 * 3 * 9 * 8 + 4 * 3 * 3 * 3 + 4)  # grad_input, grad_weight, grad_bias
     for r in rows:
-        assert r.mem_alloc_mb * bench.MB >= out_bytes, r.path
+        assert r.mem_alloc_mb * bench_report.MB >= out_bytes, r.path
         if sys.platform.startswith("linux"):
             assert r.mem_rss_mb >= 0
 
 
 def test_alloc_peak_measures_torch_and_numpy() -> None:
     cpu = torch.device("cpu")
-    peak = bench.alloc_peak(lambda: torch.empty(2**20), cpu)  # 4 MiB
-    assert 4 * bench.MB <= peak < 4.5 * bench.MB
-    peak = bench.alloc_peak(lambda: np.ones(2**20), cpu)  # 8 MiB of float64
-    assert 8 * bench.MB <= peak < 8.5 * bench.MB
+    peak = profiling.alloc_peak(lambda: torch.empty(2**20), cpu)  # 4 MiB
+    assert 4 * bench_report.MB <= peak < 4.5 * bench_report.MB
+    peak = profiling.alloc_peak(lambda: np.ones(2**20), cpu)  # 8 MiB of float64
+    assert 8 * bench_report.MB <= peak < 8.5 * bench_report.MB
 
     def temporary() -> torch.Tensor:  # 16 MiB live at the peak, freed before returning
         return torch.ones(2**22).sum()
 
-    assert bench.alloc_peak(temporary, cpu) >= 16 * bench.MB
+    assert profiling.alloc_peak(temporary, cpu) >= 16 * bench_report.MB
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RSS high-water mark is Linux")
 def test_rss_peak_sees_touched_pages() -> None:
-    peak = bench.rss_peak(lambda: torch.ones(2**22), torch.device("cpu"))  # 16 MiB touched
-    assert peak >= 12 * bench.MB
+    peak = profiling.rss_peak(lambda: torch.ones(2**22), torch.device("cpu"))  # 16 MiB touched
+    assert peak >= 12 * bench_report.MB
 
 
-def test_csv_and_json_are_written(report: bench.Report, tmp_path) -> None:
-    csv_path, json_path = bench.write(report, tmp_path / "out")
-    rows = bench.read_csv(csv_path)
-    assert list(rows[0]) == list(bench.COLUMNS)
+def test_csv_and_json_are_written(report: Report, tmp_path) -> None:
+    csv_path, json_path = bench_report.write(report, tmp_path / "out")
+    rows = bench_report.read_csv(csv_path)
+    assert list(rows[0]) == list(bench_report.COLUMNS)
     assert len(rows) == len(report.results)
     for row, res in zip(rows, report.results, strict=True):
         assert (row["layer"], row["path"], row["pass"]) == (res.layer, res.path, res.pass_)
@@ -202,6 +203,9 @@ def test_csv_and_json_are_written(report: bench.Report, tmp_path) -> None:
         ({"threads": 0}, r"threads must be an int from 1 to"),
         ({"threads": 2**31}, r"threads must be an int from 1 to"),
         ({"rounds": 0}, r"rounds must be a positive int"),
+        ({"min_run_time": math.inf}, r"min_run_time must be seconds in"),
+        ({"min_run_time": math.nan}, r"min_run_time must be seconds in"),
+        ({"min_run_time": 1e300}, r"min_run_time must be seconds in"),
         ({"device": "gpu"}, r"device must be cpu or cuda, got 'gpu'"),
         ({"device": "meta"}, r"device must be cpu or cuda, got 'meta'"),
         ({"layers": [Layer("bad", (2, 3, 8, 8), (4, 2, 3, 3))]}, r"weight of shape"),
@@ -225,7 +229,7 @@ def test_cli_writes_results_prints_spreads_and_ratios(tmp_path, capsys) -> None:
     assert "range ms" in text and "measured ratios" in text
     assert "reference / fastest native" in text and "A/A band" in text
     assert "target" not in text.lower()
-    rows = bench.read_csv(out / "bench.csv")
+    rows = bench_report.read_csv(out / "bench.csv")
     assert [(r["path"], r["pass"]) for r in rows] == [
         ("native", "backward"), ("mkldnn", "backward"), ("reference", "backward")]
 
@@ -273,14 +277,14 @@ def test_cli_ctrl_c_keeps_finished_layers(tmp_path, capsys, monkeypatch) -> None
                        "backward", *CLI_FAST, "--out", str(out)])
     assert code == cli.INTERRUPTED == 130
     assert "interrupted: wrote the 1 results" in capsys.readouterr().out
-    assert [r["layer"] for r in bench.read_csv(out / "bench.csv")] == ["conv1d"]
+    assert [r["layer"] for r in bench_report.read_csv(out / "bench.csv")] == ["conv1d"]
     assert json.loads((out / "bench.json").read_text())["meta"]["interrupted"] is True
 
 
 def test_cli_list(capsys) -> None:
     assert cli.bench_main(["--list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert names == [layer.name for layer in bench.SUITE]
+    assert names == [layer.name for layer in paths.SUITE]
 
 
 def test_profile_ops_and_onednn_trace_keep_c_output_quiet(capfd) -> None:
@@ -290,15 +294,15 @@ def test_profile_ops_and_onednn_trace_keep_c_output_quiet(capfd) -> None:
     def backward() -> object:
         return torch.ops.aten.convolution_backward(go, x, w, [4], *args, [True, True, True])
 
-    ops = bench.profile_ops(backward, top=3)
+    ops = profiling.profile_ops(backward, top=3)
     assert ops[0].name.startswith("aten::") and ops[0].calls >= 1
     assert sum(o.share for o in ops) <= 1.0 + 1e-9
-    calls = bench.onednn_trace(backward)  # float32 tiny conv: ATen picks oneDNN
+    calls = profiling.onednn_trace(backward)  # float32 tiny conv: ATen picks oneDNN
     assert {c.prop for c in calls if c.op == "convolution"} == {"backward_data",
                                                                 "backward_weights"}
     torch.backends.mkldnn.enabled = False
     try:
-        assert bench.onednn_trace(backward) == []  # the slow path runs no oneDNN primitive
+        assert profiling.onednn_trace(backward) == []  # the slow path runs no oneDNN primitive
     finally:
         torch.backends.mkldnn.enabled = True
     captured = capfd.readouterr()
@@ -316,5 +320,5 @@ def test_cli_quick_defaults(tmp_path, monkeypatch) -> None:
 
     monkeypatch.setattr(bench, "benchmark", fake)
     assert cli.bench_main(["--quick", "--out", str(tmp_path)]) == 0
-    assert seen == {"layers": list(bench.QUICK_LAYERS), "passes": ["backward",
+    assert seen == {"layers": list(paths.QUICK_LAYERS), "passes": ["backward",
                     "forward_backward"], "rounds": 7, "min_run_time": 0.1, "memory": False}

@@ -23,7 +23,11 @@ from convlab.lab import bench
 
 
 def run(argv: list[str], capsys) -> tuple[int, str, str]:
-    rc = cli.main(argv)
+    """Exit status, stdout and stderr of ``convlab *argv`` (usage errors: SystemExit)."""
+    try:
+        rc = cli.main(argv)
+    except SystemExit as stop:
+        rc = stop.code
     captured = capsys.readouterr()
     return rc, captured.out, captured.err
 
@@ -114,7 +118,7 @@ def test_a_command_added_later_gets_the_same_behaviour(monkeypatch, capsys) -> N
         rc, out, err = run(["fake", *argv], capsys)
         assert_one_line_usage_error("fake", rc, out, err)
     assert ran == []
-    assert cli.main(["fake", "--count", "3"]) == 0 and ran == [["--count", "3"]]
+    assert run(["fake", "--count", "3"], capsys)[0] == 0 and ran == [["--count", "3"]]
 
 
 def _plain_parser() -> argparse.ArgumentParser:
@@ -129,10 +133,11 @@ def _plain_parser() -> argparse.ArgumentParser:
     ("bench", ["--rounds", "0"], "rounds must be a positive int"),
     ("bench", ["--rounds", str(bench_cli.MAX_ROUNDS + 1)], "no larger than 100"),
     ("bench", ["--rounds", "1e9"], "expected an int, got '1e9'"),
-    ("bench", ["--min-run-time", "inf"], "expected seconds in (0, 60]"),
-    ("bench", ["--min-run-time", "1e300"], "expected seconds in (0, 60]"),
-    ("bench", ["--min-run-time", "nan"], "expected seconds in (0, 60]"),
-    ("bench", ["--min-run-time", "0"], "expected seconds in (0, 60]"),
+    ("bench", ["--min-run-time", "inf"], "a finite number of seconds in (0, 60], got inf"),
+    ("bench", ["--min-run-time", "1e300"], "a finite number of seconds in (0, 60]"),
+    ("bench", ["--min-run-time", "nan"], "a finite number of seconds in (0, 60]"),
+    ("bench", ["--min-run-time", "0"], "a finite number of seconds in (0, 60]"),
+    ("bench", ["--min-run-time", "x"], "expected a number, got 'x'"),
     ("bench", ["--threads", "0"], "threads must be an int from 1 to"),
     ("bench", ["--out", ""], "expected a folder name, got ''"),
     ("bench", ["--out", "  "], "expected a folder name"),

@@ -416,3 +416,47 @@ def test_hypothesis_buffers_never_write_outside_their_view(n, k, start, length, 
     outside = torch.cat([big[:start], big[start + length:]])
     assert (outside == 5).all()
     assert big.shape == (1000,)
+
+
+def test_one_workspace_serves_large_small_mid_large_layers() -> None:
+    """Regression (issue 34 E9): after a small layer shrank ``finput``, a mid-sized layer was
+    refused ("a shrunk buffer"); PyTorch 1.9's ``resize_`` reused the storage. Both buffers
+    now stay in one storage for the whole sequence, and every step matches ATen."""
+    finput, fgrad_input = torch.empty(0, dtype=torch.float64), torch.empty(0,
+                                                                            dtype=torch.float64)
+    ptrs = None
+    for n, size in [(4, 16), (1, 5), (2, 10), (4, 16)]:  # large, small, mid, large
+        x, w, b = setup_case(n, 3, 4, (size, size), (3, 3))
+        out, cols = thnn.conv2d_forward(x, w, 3, b, 1, 1, finput)
+        go = torch.randn_like(out)
+        got = thnn.conv2d_backward(go, x, w, 3, 1, 1, finput, fgrad_input)
+        assert cols is finput and finput.shape == fgrad_input.shape == (n, 27, size * size)
+        here = (finput.untyped_storage().data_ptr(), fgrad_input.untyped_storage().data_ptr())
+        ptrs = ptrs or here
+        assert here == ptrs, "the first (largest) layer's storage suffices: no reallocation"
+        torch.testing.assert_close(out, aten._slow_conv2d_forward(x, w, [3, 3], b, [1, 1],
+                                                                  [1, 1]), **TOL)
+        want = aten._slow_conv2d_backward.output_mask(go, x, w, [3, 3], [1, 1], [1, 1],
+                                                      [True, True, True])
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, **TOL)
+
+
+def whole_storage(t: torch.Tensor) -> torch.Tensor:
+    """A copy of every element of ``t``'s storage, also those outside ``t``."""
+    return t.new_empty(0).set_(t.untyped_storage()).clone()
+
+
+@pytest.mark.parametrize("how", ["view", "detach", "data"])
+def test_a_window_on_a_shrunk_workspace_is_still_refused(how) -> None:
+    """The reuse is for the buffer convlab shrank only: a view, .detach() or .data of it
+    is a window on its storage and may not grow over the spare memory (round-3 rule)."""
+    x, w, b = setup_case(4, 3, 4, (16, 16), (3, 3))
+    _, finput = thnn.conv2d_forward(x, w, 3, b, 1, 1, torch.empty(0, dtype=x.dtype))
+    thnn.conv2d_forward(x[:1, :, :5, :5], w, 3, b, 1, 1, finput)  # shrunk by convlab
+    window = _WINDOWS[how](finput[:1] if how == "view" else finput)
+    spare = whole_storage(finput)
+    with pytest.raises(ValueError, match="finput has shape"):
+        thnn.conv2d_forward(x[:2, :, :10, :10], w, 3, b, 1, 1, window)
+    after = whole_storage(finput)
+    assert torch.equal(after, spare) and finput.shape == (1, 27, 25)

@@ -8,9 +8,12 @@ import math
 import random
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from convlab.lab import timing
 from convlab.lab.timing import (
+    BAND_QUANTILE,
     MIN_ROUNDS,
     Timing,
     aa_band,
@@ -253,3 +256,60 @@ def test_blas_threads_reports_what_it_limited():
         assert "threadpoolctl" in text
     assert all(n == 1 for n in inside)
     assert [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"] == before
+
+
+# ------------------------------------------------------------- E6: bad values at the edges
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, 1e300, timing.MAX_RUN_TIME * 2,
+                                 0, -0.5, True, "0.1", None])
+def test_min_run_time_is_refused_before_any_call(bad):
+    """inf used to pass the check and die with OverflowError after the warm-up, and 1e300
+    never returned: every bad value must be refused before the candidate runs once."""
+    calls = []
+    with pytest.raises(ValueError, match="min_run_time must be seconds in"):
+        interleaved({"a": lambda: calls.append(1)}, rounds=1, min_run_time=bad)
+    assert calls == []
+
+
+def test_min_run_time_up_to_the_bound_is_accepted():
+    assert timing.check_run_time(timing.MAX_RUN_TIME) == timing.MAX_RUN_TIME
+    assert timing.check_run_time(1) == 1.0
+    t = interleaved({"a": lambda: None}, rounds=1, min_run_time=1e-6, min_calls=1)
+    assert len(t["a"].rounds) == 1
+
+
+@pytest.mark.parametrize("position", [0, 1, 2])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, 0.0, -1.0])
+def test_a_bad_ratio_is_refused_wherever_it_stands(position, bad):
+    """``[nan, 1, 1]`` gave 0.0 and ``[1, 1, nan]`` gave nan: now both are refused, naming
+    the position; the verdict refuses them the same way."""
+    ratios = [1.0, 1.0]
+    ratios.insert(position, bad)
+    with pytest.raises(ValueError, match=rf"ratios\[{position}\] must be a finite positive"):
+        band_from_ratios(ratios)
+    with pytest.raises(ValueError, match=rf"ratios\[{position}\] must be a finite positive"):
+        verdict_of(ratios, band=0.05)
+
+
+ratio_values = st.floats(min_value=1e-6, max_value=1e6, allow_nan=False, allow_infinity=False)
+maybe_bad = st.one_of(ratio_values, st.sampled_from([math.nan, math.inf, 0.0, -2.0]))
+
+
+@given(st.lists(maybe_bad, min_size=1, max_size=12), st.randoms(use_true_random=False),
+       st.sampled_from([0.5, BAND_QUANTILE, 1.0]))
+def test_band_does_not_depend_on_the_order_of_the_ratios(ratios, rnd, quantile):
+    """Class property: any permutation of the ratios gives the same band, or the same
+    refusal (bad values included, anywhere)."""
+    shuffled = list(ratios)
+    rnd.shuffle(shuffled)
+
+    def outcome(values):
+        try:
+            return band_from_ratios(values, quantile)
+        except ValueError:
+            return "refused"
+
+    assert outcome(ratios) == outcome(shuffled)
+    bad = any(not (math.isfinite(r) and r > 0) for r in ratios)
+    assert (outcome(ratios) == "refused") == bad

@@ -37,7 +37,8 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Route ``argv`` to a command module's ``main``; return its exit status."""
+    """Route ``argv`` to a command module's ``main``; return its exit status. A usage
+    error raises ``SystemExit(2)`` after its one line (``--help``: ``SystemExit(0)``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(usage())
@@ -51,10 +52,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     module = importlib.import_module(f"convlab.cli.{name}")
     try:
-        parse(module.build_parser(), rest)  # every command: usage errors are one line
+        parse(module.build_parser(), rest)  # SystemExit(2) on a usage error, as argparse
         return int(module.main(rest) or 0)
-    except SystemExit as stop:  # a usage error (2) or --help (0), already printed
-        return 0 if stop.code is None else stop.code if isinstance(stop.code, int) else 1
     except KeyboardInterrupt:  # bench keeps its finished layers itself; others just stop
         print(f"convlab {name}: interrupted", file=sys.stderr)
         return INTERRUPTED

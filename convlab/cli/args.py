@@ -12,7 +12,6 @@ then validated by ``ConvParams``.
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections.abc import Sequence
 from typing import NoReturn
@@ -70,30 +69,12 @@ def integer(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected an int, got {text!r}") from None
 
 
-def int_range(low: int, high: int, name: str):  # noqa: ANN201 - an argparse type
-    """A type for an int in ``[low, high]``; the message names the option (``name``)."""
-    def check(text: str) -> int:
-        value = integer(text)
-        if not low <= value <= high:
-            raise argparse.ArgumentTypeError(
-                f"{name} must be a positive int no larger than {high}, got {value}"
-                if low == 1 else f"{name} must be an int from {low} to {high}, got {value}")
-        return value
-    return check
-
-
-def seconds(high: float):  # noqa: ANN201 - an argparse type
-    """A type for a finite number of seconds in ``(0, high]``."""
-    def check(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected seconds, got {text!r}") from None
-        if not (math.isfinite(value) and 0 < value <= high):
-            raise argparse.ArgumentTypeError(
-                f"expected seconds in (0, {high:g}], got {text!r}")
-        return value
-    return check
+def number(text: str) -> float:
+    """A float (``inf`` and ``nan`` parse; range checks are the command's)."""
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
 
 
 def folder(text: str) -> str:

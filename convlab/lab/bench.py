@@ -26,7 +26,7 @@ equal FLOPs, and two memory measures (:mod:`convlab.lab.profiling`):
 
 >>> report = benchmark(["resnet14"], paths=["native", "reference"],
 ...                    passes=["backward"], memory=False)          # doctest: +SKIP
->>> print(format_table(report.results))                         # doctest: +SKIP
+>>> print(bench_report.format_table(report.results))                       # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -43,33 +43,10 @@ import numpy as np
 import torch
 
 from convlab.lab import paths as registry
-from convlab.lab.bench_report import (  # noqa: F401 - bench.* names of the CLI and notebooks
-    AA_WARN,
-    COLUMNS,
-    MB,
-    NATIVE_PATHS,
-    SPREAD_WARN,
-    Comparison,
-    Report,
-    Result,
-    Skip,
-    _fill_ratios,
-    aa_band,
-    aa_pair,
-    aa_pairs,
-    check_out_dir,
-    comparisons,
-    format_table,
-    noise_warnings,
-    read_csv,
-    run_band,
-    write,
-)
-from convlab.lab.paths import (  # noqa: F401 - the public names bench has always had
+from convlab.lab.bench_report import MB, Report, Result, Skip, _fill_ratios
+from convlab.lab.paths import (
     FLOP_FORMULA,
     PASSES,
-    QUICK_LAYERS,
-    RESNET_LAYERS,
     SUITE,
     Layer,
     NotApplicable,
@@ -77,18 +54,9 @@ from convlab.lab.paths import (  # noqa: F401 - the public names bench has alway
     min_bytes,
     suite_layers,
 )
-from convlab.lab.profiling import (  # noqa: F401 - notebooks use these as bench.*
-    OneDNNCall,
-    OpTime,
-    alloc_peak,
-    measure_memory,
-    onednn_trace,
-    profile_ops,
-    rss_peak,
-)
-from convlab.lab.timing import MIN_ROUNDS, Timing, blas_threads, interleaved  # noqa: F401
+from convlab.lab.profiling import alloc_peak, rss_peak
+from convlab.lab.timing import blas_threads, check_run_time, interleaved
 
-PATHS: tuple[str, ...] = registry.PATH_NAMES
 MEMORY_METHOD = (
     "mem_alloc_mb: peak above the start of torch's allocator during one call (CPU: "
     "torch.profiler profile_memory plus tracemalloc for NumPy; memory allocated outside "
@@ -266,17 +234,18 @@ def benchmark(
     Returns a :class:`~convlab.lab.bench_report.Report`.
 
     ``layers``: suite names or :class:`~convlab.lab.paths.Layer` objects (default: the suite);
-    ``paths``/``passes``: subsets of ``PATHS``/``PASSES`` (``native`` brings its
-    A/A twin); ``device`` defaults to CUDA when available; ``threads`` to torch's current
-    count (NumPy's BLAS gets the same). Each layer is one :func:`convlab.lab.timing.interleaved`
-    run of ``rounds`` rounds of at least ``min_calls`` calls and ``min_run_time`` seconds
-    per candidate (``convlab.lab.timing.MIN_ROUNDS`` rounds at least for a verdict).
-    ``memory=False`` skips the
-    memory measurements, ``gemm=False`` the GEMM yardstick. Results are appended to
+    ``paths``/``passes``: subsets of ``PATH_NAMES``/``PASSES`` of :mod:`convlab.lab.paths`
+    (``native`` brings its A/A twin); ``device`` defaults to CUDA when available;
+    ``threads`` to torch's current count (NumPy's BLAS gets the same). Each layer is one
+    :func:`convlab.lab.timing.interleaved` run of ``rounds`` rounds of at least
+    ``min_calls`` calls and ``min_run_time`` seconds per candidate
+    (``convlab.lab.timing.MIN_ROUNDS`` rounds at least for a verdict; ``min_run_time`` at
+    most ``convlab.lab.timing.MAX_RUN_TIME``). ``memory=False`` skips the memory
+    measurements, ``gemm=False`` the GEMM yardstick. Results are appended to
     ``report`` as each layer finishes, so an interrupted run keeps what it finished.
     """
     chosen_layers = _resolve_layers(layers)
-    chosen_paths = _check_choice(paths, PATHS, "paths")
+    chosen_paths = _check_choice(paths, registry.PATH_NAMES, "paths")
     chosen_passes = _check_choice(passes, PASSES, "passes")
     dev = check_device(device)
     if dtype not in (torch.float32, torch.float64):
@@ -284,8 +253,7 @@ def benchmark(
     threads = check_threads(torch.get_num_threads() if threads is None else threads)
     if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
-    if not min_run_time > 0:
-        raise ValueError(f"min_run_time must be positive, got {min_run_time!r}")
+    check_run_time(min_run_time)
 
     report = Report() if report is None else report
     report.meta.update(environment(dev, threads))
@@ -369,9 +337,3 @@ def _bench_layer(
         results.append(res)
     return results
 
-
-def record(quick: bool = False) -> dict:
-    """The ``suite`` section of a measurement record (:mod:`convlab.lab.suite`)."""
-    from convlab.lab import suite
-
-    return suite.record(quick=quick)

@@ -26,12 +26,8 @@ from convlab.aten import native
 from convlab.scratch import reference
 from convlab.scratch.params import ConvParams, IntOrSeq, check_output_mask, check_tensor
 
-FLOAT_DTYPES: tuple[torch.dtype, ...] = (
-    torch.float16,
-    torch.bfloat16,
-    torch.float32,
-    torch.float64,
-)
+FLOAT_DTYPES: tuple[torch.dtype, ...] = (torch.float16, torch.bfloat16, torch.float32,
+                                         torch.float64)
 GRAD_NAMES: tuple[str, str, str] = ("grad_input", "grad_weight", "grad_bias")
 
 
@@ -80,7 +76,7 @@ def ulp(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     info = torch.finfo(dtype)
     mag = values.detach().to(torch.float64).abs().clamp_min(info.tiny)
     _, exponent = torch.frexp(mag)  # mag = m * 2**exponent with m in [0.5, 1)
-    spacing = torch.ldexp(torch.full_like(mag, info.eps), exponent - 1)
+    spacing = _times_pow2(torch.full_like(mag, info.eps), exponent - 1)
     return torch.where(torch.isfinite(mag), spacing, mag)
 
 
@@ -103,11 +99,50 @@ def ulp_error(
     dtype = _check_dtype(a.dtype if dtype is None else dtype)
     a64, e64 = a.detach().to(torch.float64), e.detach().to(torch.float64)
     finite = torch.isfinite(a64) & torch.isfinite(e64)
-    diff = (a64 - e64).abs()
-    err = diff / ulp(e64, dtype)
+    zero = torch.zeros((), dtype=torch.float64)
+    a_f, e_f = torch.where(finite, a64, zero), torch.where(finite, e64, zero)
+    # scaled by a power of two per entry: the subtraction cannot overflow near 1e308
+    _, k = torch.frexp(torch.maximum(a_f.abs(), e_f.abs()))
+    diff = (_times_pow2(a_f, -k) - _times_pow2(e_f, -k)).abs()
+    ulp_k = torch.frexp(ulp(e_f, dtype))[1] - 1  # ulp() is a power of two: 2**ulp_k
+    err = _times_pow2(diff, k - ulp_k)
     agree = (torch.isnan(a64) & torch.isnan(e64)) | (a64 == e64)
     nonfinite = torch.where(agree, 0.0, math.inf).to(torch.float64)
     return torch.where(finite, err, nonfinite)
+
+
+def _times_pow2(x: torch.Tensor, k: torch.Tensor | int) -> torch.Tensor:
+    """``x * 2**k`` with one rounding, for any integer ``k``: applied as two factors that
+    are normal numbers, so nothing overflows or underflows before the result does
+    (``2.0**k`` alone is inf for ``k > 1023``)."""
+    mant, e = torch.frexp(x)
+    total = (torch.as_tensor(k) + e).clamp(-1200, 1200).to(torch.float64)
+    half = torch.floor(total / 2)
+    return mant * torch.exp2(half) * torch.exp2(total - half)
+
+
+def _scaled_diff(a: torch.Tensor, e: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``((a - e) / 2**k, k)``: both scaled first by the power of two that brings the
+    largest (finite) magnitude into ``[0.5, 1)``, so ``a - e`` cannot overflow near 1e308."""
+    k = math.frexp(max(a.abs().max().item(), e.abs().max().item()))[1]
+    return _times_pow2(a, -k) - _times_pow2(e, -k), k
+
+
+def _norm(t: torch.Tensor) -> tuple[float, int]:
+    """``(n, k)`` with ``||t||_2 = n * 2**k``; no square overflows or underflows."""
+    k = math.frexp(t.abs().max().item())[1]
+    return _times_pow2(t, -k).norm().item(), k
+
+
+def _quotient(num: float, num_k: int, den: float, den_k: int) -> float:
+    """``(num * 2**num_k) / (den * 2**den_k)``; ``inf`` past float64's range, 0/0 is 0."""
+    if den == 0.0:
+        return 0.0 if num == 0.0 else math.inf
+    (m_num, e_num), (m_den, e_den) = math.frexp(num), math.frexp(den)
+    try:
+        return math.ldexp(m_num / m_den, e_num + num_k - e_den - den_k)
+    except OverflowError:
+        return math.inf
 
 
 def _nonfinite_mismatch(a: torch.Tensor, e: torch.Tensor) -> tuple[bool, torch.Tensor]:
@@ -135,26 +170,13 @@ def relative_error(actual: torch.Tensor, exact: torch.Tensor, norm: str = "fro")
     mismatch, finite = _nonfinite_mismatch(a64, e64)
     if mismatch:
         return math.inf
-    diff, ref = (a64 - e64)[finite], e64[finite]
-    if diff.numel() == 0:
+    if not finite.any():
         return 0.0
+    diff, k = _scaled_diff(a64[finite], e64[finite])
     if norm == "fro":
-        num, den = _scaled_norms(diff, ref)
-    else:
-        num, den = diff.abs().max().item(), ref.abs().max().item()
-    if den == 0.0:
-        return 0.0 if num == 0.0 else math.inf
-    return num / den
-
-
-def _scaled_norms(diff: torch.Tensor, ref: torch.Tensor) -> tuple[float, float]:
-    """``(||diff||_2, ||ref||_2) / s`` for one common scale ``s``, the largest magnitude of
-    either: the ratio is that of the true norms, and neither squares overflow (entries near
-    1e200) nor underflow (entries near 1e-200) on the way."""
-    scale = max(diff.abs().max().item(), ref.abs().max().item())
-    if scale == 0.0 or not math.isfinite(scale):
-        return diff.norm().item(), ref.norm().item()
-    return (diff / scale).norm().item(), (ref / scale).norm().item()
+        (num, num_k), (den, den_k) = _norm(diff), _norm(e64[finite])
+        return _quotient(num, num_k + k, den, den_k)
+    return _quotient(diff.abs().max().item(), k, e64[finite].abs().max().item(), 0)
 
 
 @dataclass(frozen=True)
@@ -186,21 +208,18 @@ def grad_error(actual: torch.Tensor, exact: torch.Tensor, dtype: torch.dtype) ->
     mismatch, finite = _nonfinite_mismatch(a64, e64)
     if mismatch:
         return GradError(math.inf, math.inf, math.inf, math.inf)
-    diff, ref = (a64 - e64)[finite].abs(), e64[finite].abs()
-    if diff.numel() == 0:
+    if not finite.any():
         return GradError(0.0, 0.0, 0.0, 0.0)
-    worst, scale = diff.max().item(), ref.max().item()
-    spacing = ulp(torch.tensor([scale], dtype=torch.float64), dtype).item()
-    if scale == 0.0:
-        rel = max_rel = 0.0 if worst == 0.0 else math.inf
-    else:
-        norm_diff, norm_ref = _scaled_norms(diff, ref)
-        rel, max_rel = norm_diff / norm_ref, worst / scale
+    ref = e64[finite]
+    diff, k = _scaled_diff(a64[finite], ref)
+    worst, top = diff.abs().max().item(), ref.abs().max().item()
+    (num, num_k), (den, den_k) = _norm(diff), _norm(ref)
+    spacing = ulp(torch.tensor([top], dtype=torch.float64), dtype).item()
     return GradError(
-        rel=rel,
-        max_rel=max_rel,
-        ulps=worst / spacing,
-        max_ulp=(diff / ulp(e64[finite], dtype)).max().item(),
+        rel=_quotient(num, num_k + k, den, den_k),
+        max_rel=_quotient(worst, k, top, 0),
+        ulps=_quotient(worst, k, spacing, 0),
+        max_ulp=ulp_error(a64[finite], ref, dtype).max().item(),
     )
 
 

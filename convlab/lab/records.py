@@ -46,7 +46,7 @@ from convlab.lab import machine
 SCHEMA = 1
 # name -> "module:function"; each function is record(quick: bool = False) -> dict.
 SECTIONS: dict[str, str] = {
-    "suite": "convlab.lab.bench:record",
+    "suite": "convlab.lab.suite:record",
     "roofline": "convlab.lab.roofline:record",
     "peers": "convlab.lab.peers:record",
     "per_sample": "convlab.lab.per_sample_timing:record",

@@ -104,7 +104,7 @@ def run_candidates(candidates: Mapping[str, tuple[paths.Path, Callable[[], objec
 
 
 def _main(layers: Sequence[Layer], cfg: Mapping[str, Any]) -> tuple[list[dict], float, int]:
-    report = bench.Report()
+    report = bench_report.Report()
     for layer in layers:
         chosen = ["native", "mkldnn", "slow"] if layer.name in AA_LAYERS else ["mkldnn", "slow"]
         bench.benchmark([layer], paths=chosen, passes=["backward"], device="cpu",

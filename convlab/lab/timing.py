@@ -50,6 +50,11 @@ from torch.utils.benchmark import Timer
 ALPHA = 0.05
 BAND_QUANTILE = 0.95
 MAX_BLOCKS = 10
+# The largest ``min_run_time`` accepted, in seconds per candidate and round. A benchmark
+# round longer than an hour per candidate is a mistake, not a measurement (7 rounds of two
+# candidates would take most of a day), and the bound keeps ``ceil(min_run_time / t)`` a
+# call count a loop can finish (1e300 s would never return; inf overflows to an int).
+MAX_RUN_TIME = 3600.0
 
 
 def _min_rounds(alpha: float) -> int:
@@ -103,6 +108,34 @@ def check_threads(threads: object, name: str = "threads") -> int:
     return threads
 
 
+def check_run_time(min_run_time: object, name: str = "min_run_time") -> float:
+    """``min_run_time`` as seconds in ``(0, MAX_RUN_TIME]`` (``ValueError`` naming ``name``
+    for NaN, inf, zero, negative, too large or a non-number)."""
+    if isinstance(min_run_time, bool) or not isinstance(min_run_time, int | float) \
+            or not 0 < min_run_time <= MAX_RUN_TIME:
+        raise ValueError(f"{name} must be seconds in (0, {MAX_RUN_TIME:g}], "
+                         f"got {min_run_time!r}")
+    return float(min_run_time)
+
+
+def check_ratios(ratios: Iterable[float], name: str = "ratios") -> list[float]:
+    """``ratios`` as a list of finite positive floats (``ValueError`` naming ``name`` and
+    the first bad position otherwise).
+
+    Why refuse rather than drop: a time ratio is finite and positive by construction, so a
+    NaN, inf, zero or negative one means a broken measurement; dropping it would shrink
+    the band's sample without saying so, and keeping it made the answer depend on where
+    in the list it stood (``sorted`` and ``max`` are not order-free with NaN).
+    """
+    out = []
+    for i, r in enumerate(ratios):
+        if isinstance(r, bool) or not isinstance(r, int | float) \
+                or not (math.isfinite(r) and r > 0):
+            raise ValueError(f"{name}[{i}] must be a finite positive ratio, got {r!r}")
+        out.append(float(r))
+    return out
+
+
 def plan_calls(seconds_per_call: float, min_calls: int, min_run_time: float) -> tuple[int, int]:
     """``(blocks, calls per block)`` for one round: at least ``min_calls`` calls and
     ``min_run_time`` seconds, in at most ``MAX_BLOCKS`` blocks of equal size.
@@ -141,7 +174,8 @@ def interleaved(
         fns: name -> zero-argument callable (run once before timing, as a warm-up).
         rounds: number of rounds (>= 1; >= ``MIN_ROUNDS`` for a verdict); each times every
             candidate once, in an order shuffled per round.
-        min_run_time: seconds each candidate runs at least per round.
+        min_run_time: seconds each candidate runs at least per round, in
+            ``(0, MAX_RUN_TIME]``.
         threads: torch threads for the timed calls (default: the current setting), or
             name -> threads per candidate (e.g. to measure thread scaling side by side;
             candidates not named get the current setting).
@@ -155,9 +189,7 @@ def interleaved(
     """
     if not isinstance(rounds, int) or isinstance(rounds, bool) or rounds < 1:
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
-    if isinstance(min_run_time, bool) or not isinstance(min_run_time, int | float) \
-            or not min_run_time > 0:
-        raise ValueError(f"min_run_time must be positive, got {min_run_time!r}")
+    check_run_time(min_run_time)
     check_threads(min_calls, "min_calls")
     default = torch.get_num_threads()
     if isinstance(threads, Mapping):
@@ -232,15 +264,18 @@ def ratio(x: Timing, y: Timing) -> Ratio:
 def band_from_ratios(ratios: Iterable[float], quantile: float = BAND_QUANTILE) -> float:
     """The A/A band of pooled per-round A/A ratios: ``exp(q) - 1`` with ``q`` the
     ``quantile`` (nearest rank, rounding up) of ``|log ratio|``; NaN without ratios.
+    A NaN, infinite, zero or negative ratio is refused (:func:`check_ratios`), wherever
+    it stands, so the band never depends on the order of the ratios.
 
     >>> round(band_from_ratios([1.02, 0.95, 1.01, 1.10]), 3)
     0.1
     """
-    logs = sorted(abs(math.log(r)) for r in ratios)
+    if isinstance(quantile, bool) or not isinstance(quantile, int | float) \
+            or not 0 < quantile <= 1:
+        raise ValueError(f"quantile must be in (0, 1], got {quantile!r}")
+    logs = sorted(abs(math.log(r)) for r in check_ratios(ratios))
     if not logs:
         return math.nan
-    if not 0 < quantile <= 1:
-        raise ValueError(f"quantile must be in (0, 1], got {quantile!r}")
     return math.exp(logs[math.ceil(quantile * len(logs)) - 1]) - 1
 
 
@@ -289,7 +324,11 @@ class Verdict:
 
 
 def verdict_of(ratios: Sequence[float], band: float, alpha: float = ALPHA) -> Verdict:
-    """The sign-test verdict of per-round ratios against ``band`` (module docstring, step 5)."""
+    """The sign-test verdict of per-round ratios against ``band`` (module docstring, step 5).
+
+    ``ratios`` must be finite and positive (:func:`check_ratios`); a NaN ``band`` (no A/A
+    pair) gives the verdict ``?``."""
+    ratios = check_ratios(ratios)
     if not ratios:
         raise ValueError("ratios: need at least one per-round ratio")
     summary = Ratio(statistics.median(ratios), min(ratios), max(ratios), tuple(ratios))

@@ -26,8 +26,9 @@ This module re-creates that algorithm and that calling convention, following
 Deviations, all on the side of refusing rather than guessing: ``finput=None`` in the
 backward makes convlab recompute the columns (the old op had no such option); a buffer that
 overlaps an input or the other buffer is refused; a buffer is only resized when the resize
-stays inside it or it spans its whole storage (decided from the storage, so a
-``big[:10].detach()`` or ``.data`` slice counts as a window on ``big``; see
+stays inside it or it owns its whole storage (decided from the storage, so a
+``big[:10].detach()`` or ``.data`` slice counts as a window on ``big``, while a buffer
+convlab shrank for a smaller layer stays its own and grows back for a bigger one; see
 :mod:`convlab.scratch.storage`), so nothing outside the caller's view is ever written;
 buffers of another dtype or device are refused. Like the original: 2-d only, no dilation, no
 groups, and an explicit backward (both functions run under ``torch.no_grad``). It uses
@@ -51,7 +52,7 @@ from convlab.scratch.params import (
     check_tensor,
     normalize,
 )
-from convlab.scratch.storage import resize_refusal, safe_to_resize, spans_storage
+from convlab.scratch.storage import owns_storage, resize_owned
 
 
 def _weight_4d(weight: torch.Tensor, kernel: tuple[int, int], input: torch.Tensor) -> torch.Tensor:
@@ -213,11 +214,11 @@ def _check_buffer(buf: object, name: str, input: torch.Tensor) -> torch.Tensor:
 def _byte_range(t: torch.Tensor, numel_after: int | None = None) -> tuple[int, int, int]:
     """``(storage id, first byte, end byte)`` of the memory ``t`` covers; ``numel_after``:
     the elements it will cover once resized (see :func:`convlab.scratch.storage.safe_to_resize`:
-    a buffer spanning its storage grows from offset 0, any other stays inside itself)."""
+    a buffer owning its storage grows from offset 0, any other stays inside itself)."""
     ptr = t.untyped_storage().data_ptr()
     if numel_after is not None and t.untyped_storage().nbytes() == 0:
         return ptr, 0, 0  # resizing allocates fresh memory
-    if numel_after is not None and spans_storage(t):
+    if numel_after is not None and owns_storage(t):
         end = max(t.untyped_storage().nbytes(), numel_after * t.element_size())
         return ptr, 0, end
     start = t.storage_offset() * t.element_size()
@@ -253,14 +254,14 @@ def _fit(buf: torch.Tensor, shape: tuple[int, ...], name: str) -> torch.Tensor:
     """Give ``buf`` the contiguous ``shape`` in place: as it is when it already has that
     shape; else ``resize_`` (storage kept when large enough), but only when
     :func:`convlab.scratch.storage.safe_to_resize` says the resize writes nothing outside
-    ``buf``: memory outside a caller's view is never written."""
+    ``buf``: memory outside a caller's view is never written. A buffer shrunk here stays
+    its storage's owner (:func:`convlab.scratch.storage.resize_owned`): a later bigger layer
+    grows it again in the same storage."""
     if tuple(buf.shape) == shape:
         if not buf.is_contiguous():
             raise ValueError(f"{name} must be contiguous, got strides {buf.stride()}")
         return buf
-    if not safe_to_resize(buf, shape):
-        raise ValueError(resize_refusal(name, buf, shape))
-    return buf.resize_(shape)
+    return resize_owned(buf, shape, name)
 
 
 def _needs_resize(buf: torch.Tensor | None, shape: tuple[int, ...]) -> int | None:

@@ -132,3 +132,14 @@ def test_no_device_here_says_so(device) -> None:
     q = ConvQuery.create([1, 3, 8, 8], [4, 3, 3, 3], device=device)
     check = ex.aten_check(q, Environment.typical(device))
     assert check.backend is None and f"no {device} device here" in check.how
+
+
+def test_an_aten_error_is_shown_beside_the_rule_not_raised(monkeypatch) -> None:
+    def refuses(*args):
+        raise RuntimeError("refused here\n  C++ frames that stay out of the answer")
+
+    monkeypatch.setattr(torch._C, "_select_conv_backend", refuses)
+    e = ex.explain(ConvQuery.create([1, 3, 8, 8], [4, 3, 3, 3]))
+    assert e.aten.backend is None
+    assert e.aten.how == "this machine's rules; ATen raised: refused here"
+    assert e.forward.backend  # the rule still answers

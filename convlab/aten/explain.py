@@ -137,9 +137,13 @@ def aten_check(q: ConvQuery, env: Environment) -> AtenCheck:
         if why is not None:
             return AtenCheck(None, f"this machine's rules; ATen not asked: a {size / 2**30:.1f}"
                              f" GiB {why} layer needs its memory")
-    x, w, *b = _aten_tensors(q, stand_in)
-    backend = backend_name(torch._C._select_conv_backend(x, w, b[0] if b else None,
-                                                         *q.params.aten_args()))
+    try:
+        x, w, *b = _aten_tensors(q, stand_in)
+        backend = backend_name(torch._C._select_conv_backend(x, w, b[0] if b else None,
+                                                             *q.params.aten_args()))
+    except RuntimeError as err:  # shown next to the rule's answer, not raised
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return AtenCheck(None, f"this machine's rules; ATen raised: {first}")
     return AtenCheck(backend, "on zero-stride stand-ins" if stand_in else "on empty tensors")
 
 

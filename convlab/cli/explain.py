@@ -10,9 +10,8 @@ from __future__ import annotations
 import argparse
 from collections.abc import Sequence
 
+from convlab.aten.conv_query import DEVICE_TYPES
 from convlab.cli.args import Parser, add_conv_arguments, integer, parse, refuse
-
-DEVICES = ("cpu", "cuda", "hip", "mps", "xpu", "meta")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -25,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
         "answered from the rule (from source, not run).",
     )
     add_conv_arguments(ap, {"input": "8,64,56,56", "weight": "64,64,3,3", "padding": "1"})
-    ap.add_argument("--device", default="cpu", choices=DEVICES,
+    ap.add_argument("--device", default="cpu", choices=DEVICE_TYPES,
                     help="device type (default cpu); others are answered from the rule")
     ap.add_argument("--threads", type=integer, default=None,
                     help="intra-op threads to assume (default: torch's current count)")

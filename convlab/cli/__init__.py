@@ -4,7 +4,7 @@ One module per command in this package (:mod:`convlab.cli.doctor`, :mod:`~convla
 :mod:`~convlab.cli.bench`, :mod:`~convlab.cli.explain`), each with ``build_parser()`` (its
 options) and ``main(argv) -> int``, imported only when its command runs (so ``convlab
 explain`` does not load the benchmark). Adding a command is one such module and one line in
-:data:`COMMANDS`.
+``COMMANDS``.
 
 The dispatcher parses every command's arguments the same way before the command runs
 (:func:`convlab.cli.args.parse`): an unknown option or a malformed value is one line on

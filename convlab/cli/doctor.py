@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 
 def build_parser() -> argparse.ArgumentParser:
-    """The ``convlab doctor`` argument parser (:func:`convlab.lab.doctor.build_parser`)."""
+    """The ``convlab doctor`` argument parser (``convlab.lab.doctor.build_parser``)."""
     from convlab.lab.doctor import build_parser as doctor_parser
 
     return doctor_parser()

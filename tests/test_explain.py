@@ -8,7 +8,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from convlab.aten import explain as ex
-from convlab.aten.selection import ConvQuery, Environment
+from convlab.aten.conv_query import ConvQuery, Environment
 from convlab.cli import main as cli_main
 
 
@@ -19,7 +19,7 @@ def env(**kw) -> Environment:
 def test_issue_27974_layer_runs_onednn_both_ways() -> None:
     q = ConvQuery.create([32, 8, 32, 32], [8, 8, 5, 5], padding=2)
     e = ex.explain(q)
-    assert e.forward.backend == e.backward.backend == e.aten_forward == "Mkldnn"
+    assert e.forward.backend == e.backward.backend == e.aten.backend == "Mkldnn"
     assert e.kernel == "mkldnn_convolution_backward" and e.kernel_checked
     assert e.autograd_node == "ConvolutionBackward0"
     assert any(f.change.startswith("torch.backends.mkldnn.enabled off") for f in e.flips)
@@ -74,7 +74,7 @@ def test_a_device_not_here_is_answered_from_the_rule() -> None:
     q = ConvQuery.create([8, 3, 224, 224], [64, 3, 7, 7], stride=2, padding=3,
                          dtype=torch.bfloat16, device="cuda", channels_last=True)
     e = ex.explain(q)
-    assert e.aten_forward is None and not e.forward.checked_here
+    assert e.aten.backend is None and not e.forward.checked_here
     assert e.forward.backend == "Cudnn" and e.backward.memory_format == "channels_last"
     assert "from source, not run" in ex.format_explanation(e)
 

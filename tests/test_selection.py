@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 
 from convlab.aten import selection
 from convlab.aten.backends import backend_name
+from convlab.aten.conv_query import ConvQuery, Environment
 
 DTYPES = (torch.float32, torch.float64, torch.bfloat16, torch.float16, torch.int32, torch.int64)
 
@@ -109,7 +110,7 @@ def compare(case: Case) -> tuple[str, str] | None:
         except RuntimeError:
             aten = "error"
         try:
-            q = selection.ConvQuery.from_tensors(x, w, b, *args)
+            q = ConvQuery.from_tensors(x, w, b, *args)
             mine = selection.select(q)
             mine_backend = mine.backend
         except ValueError:
@@ -176,15 +177,15 @@ def test_hypothesis_cases_agree_with_aten(case):
 
 
 def test_environment_reads_the_isa_checks_live():
-    env = selection.Environment.current()
+    env = Environment.current()
     assert env.mkldnn_bf16 == bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     assert env.mkldnn_fp16 == bool(torch.ops.mkldnn._is_mkldnn_fp16_supported())
     assert env.threads == torch.get_num_threads()
 
 
 def test_threads_flip_a_single_sample_1x1_conv_and_the_path_says_why():
-    q = selection.ConvQuery.create([1, 64, 56, 56], [64, 64, 1, 1])
-    env = selection.Environment.current()
+    q = ConvQuery.create([1, 64, 56, 56], [64, 64, 1, 1])
+    env = Environment.current()
     one = selection.select(q, selection.replace(env, threads=1))
     two = selection.select(q, selection.replace(env, threads=2))
     assert (one.backend, two.backend) == ("Slow2d", "Mkldnn")
@@ -194,7 +195,7 @@ def test_threads_flip_a_single_sample_1x1_conv_and_the_path_says_why():
 
 
 def test_a_device_not_here_is_labelled_from_source():
-    q = selection.ConvQuery.create([8, 32, 56, 56], [32, 1, 3, 3], groups=32, device="cuda")
+    q = ConvQuery.create([8, 32, 56, 56], [32, 1, 3, 3], groups=32, device="cuda")
     sel = selection.select(q)
     if not torch.cuda.is_available():
         assert sel.checked_here is False
@@ -203,16 +204,16 @@ def test_a_device_not_here_is_labelled_from_source():
 
 
 def test_cuda_rules_from_source():
-    env = selection.Environment.typical("cuda")
-    sel = lambda **k: selection.select(selection.ConvQuery.create(**k), env).backend  # noqa: E731
+    env = Environment.typical("cuda")
+    sel = lambda **k: selection.select(ConvQuery.create(**k), env).backend  # noqa: E731
     assert sel(input_shape=[2, 3, 8, 8], weight_shape=[4, 3, 3, 3], device="cuda") == "Cudnn"
     assert sel(input_shape=[2, 4, 8, 8, 8], weight_shape=[4, 1, 3, 3, 3], groups=4,
                device="cuda") == "CudaDepthwise3d"
     off = selection.replace(env, cudnn_enabled=False)
-    q3 = selection.ConvQuery.create([2, 4, 8, 8, 8], [4, 4, 3, 3, 3], transposed=True,
+    q3 = ConvQuery.create([2, 4, 8, 8, 8], [4, 4, 3, 3, 3], transposed=True,
                                     device="cuda")
     assert selection.select(q3, off).backend == "SlowTranspose3d"
-    q3d = selection.ConvQuery.create([2, 4, 8, 8, 8], [4, 4, 3, 3, 3], device="cuda")
+    q3d = ConvQuery.create([2, 4, 8, 8, 8], [4, 4, 3, 3, 3], device="cuda")
     assert selection.select(q3d, off).backend == "SlowDilated3d"
     assert sel(input_shape=[2, 3, 8, 8], weight_shape=[4, 3, 3, 3],
                device="meta") == "Overrideable"
@@ -222,7 +223,7 @@ def test_meta_tensors_reach_overrideable_like_aten():
     x, w = torch.empty(2, 3, 8, 8, device="meta"), torch.empty(4, 3, 3, 3, device="meta")
     aten = backend_name(torch._C._select_conv_backend(x, w, None, [1, 1], [0, 0], [1, 1],
                                                       False, [0, 0], 1))
-    assert selection.select(selection.ConvQuery.from_tensors(x, w)).backend == aten
+    assert selection.select(ConvQuery.from_tensors(x, w)).backend == aten
 
 
 @pytest.mark.parametrize("kwargs, error", [
@@ -235,7 +236,7 @@ def test_meta_tensors_reach_overrideable_like_aten():
 ])
 def test_bad_queries_raise_before_any_work(kwargs, error):
     with pytest.raises(error):
-        selection.ConvQuery.create(**kwargs)
+        ConvQuery.create(**kwargs)
 
 
 def test_select_rejects_a_non_query():
@@ -261,5 +262,5 @@ def test_use_mkldnn_size_term_ignores_the_last_dim_of_a_3d_input(shape, expected
     with flags(case):
         aten = backend_name(torch._C._select_conv_backend(
             x, w, None, [1] * 3, [0] * 3, [1] * 3, False, [0] * 3, 1))
-        mine = selection.select(selection.ConvQuery.from_tensors(x, w)).backend
+        mine = selection.select(ConvQuery.from_tensors(x, w)).backend
     assert aten == mine == expected

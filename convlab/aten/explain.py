@@ -3,11 +3,11 @@
 :func:`explain` answers for one layer (shapes, parameters, dtype, memory format, device,
 flags, threads) with a frozen :class:`Explanation`: the backend the forward and the backward
 select (:mod:`convlab.aten.selection`, cross-checked against ATen's own
-``torch._C._select_conv_backend`` when the device is here), the decisive terms, the
-smallest single change that flips the choice, the backward kernel
-(:func:`convlab.aten.kernels.backward_kernel`), the buffers it allocates (from the shapes)
-and the autograd node recorded. :func:`format_explanation` prints it; the command is
-``convlab explain`` (:mod:`convlab.cli.explain`).
+``torch._C._select_conv_backend`` when the device is here, without owning the layer's
+memory: :func:`aten_check`), the decisive terms, the smallest single change that flips the
+choice, the backward kernel (:func:`convlab.aten.kernels.backward_kernel`), the buffers it
+allocates (from the shapes) and the autograd node recorded. :func:`format_explanation`
+prints it; the command is ``convlab explain`` (:mod:`convlab.cli.explain`).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from convlab.aten import selection
+from convlab.aten.conv_query import ConvQuery, Environment, Selection
 from convlab.aten.kernels import backward_kernel
-from convlab.aten.selection import ConvQuery, Environment, Selection
 
 _GROUP_LOOP = frozenset({"Slow2d", "SlowDilated2d", "SlowDilated3d", "SlowTranspose2d",
                          "SlowTranspose3d", "NnpackSpatial"})
@@ -52,6 +52,24 @@ class Buffer:
         return math.prod(self.shape) * torch.empty((), dtype=self.dtype).element_size() / 1e6
 
 
+# Up to this many bytes (input, weight and bias together) the cross-check allocates empty
+# tensors of the layer's shapes: the exact tensors a caller passes, at no real cost (never
+# filled). Above it, owning the memory could fail on a valid layer (the 64-bit-indexing
+# layers the selection has a rule for), so it asks ATen with stand-ins instead.
+REAL_TENSOR_BYTES = 2**28
+
+_FORMATS = {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d}
+
+
+@dataclass(frozen=True)
+class AtenCheck:
+    """ATen's own ``_select_conv_backend`` on the layer: its answer (``None`` when not
+    asked) and how it was asked, or why not."""
+
+    backend: str | None
+    how: str
+
+
 @dataclass(frozen=True)
 class Explanation:
     """Everything :func:`explain` found for one layer."""
@@ -60,7 +78,7 @@ class Explanation:
     env: Environment
     forward: Selection
     backward: Selection
-    aten_forward: str | None  # ATen's own answer when the device is here, else None
+    aten: AtenCheck  # ATen's own answer for the forward, and how it was asked
     flips: tuple[Flip, ...]
     kernel: str
     kernel_checked: bool
@@ -73,25 +91,60 @@ def _backward_query(q: ConvQuery) -> ConvQuery:
     return replace(q, requires_grad=True)  # convolution_backward selects with need_backward
 
 
-def _aten_backend(q: ConvQuery, env: Environment) -> str | None:
-    """ATen's own choice, on tensors of the layer's shapes (allocated, never filled)."""
-    if q.device != "cpu" and not (q.device == "cuda" and torch.cuda.is_available()):
-        return None
-    if env != Environment.current():
-        return None  # a hypothetical environment: only the rule can answer
+def _layer_bytes(q: ConvQuery) -> int:
+    p, size = q.params, torch.empty((), dtype=q.dtype).element_size()
+    out = q.weight_shape[1] * p.groups if p.transposed else q.weight_shape[0]
+    return size * (math.prod(q.input_shape) + math.prod(q.weight_shape) + out * q.bias)
+
+
+def _aten_tensors(q: ConvQuery, stand_in: bool) -> tuple[torch.Tensor, ...]:
+    """Input, weight (and bias) of the layer: empty tensors in its memory formats, or
+    stand-ins: one element expanded to each shape (zero strides, no memory)."""
+    p, kw = q.params, dict(dtype=q.dtype, device=q.device)
+    out = q.weight_shape[1] * p.groups if p.transposed else q.weight_shape[0]
+    shapes = [q.input_shape, q.weight_shape] + ([(out,)] if q.bias else [])
+    fmts = [q.input_format, q.weight_format, "contiguous"]
+    made = [torch.empty((), **kw).expand(shape) if stand_in else
+            torch.empty(shape, memory_format=_FORMATS.get(fmt, torch.contiguous_format), **kw)
+            for shape, fmt in zip(shapes, fmts, strict=False)]
+    made[0].requires_grad_(q.requires_grad)
+    return tuple(made)
+
+
+def aten_check(q: ConvQuery, env: Environment) -> AtenCheck:
+    """Ask ATen's ``_select_conv_backend`` for the forward's backend, without owning the
+    layer's memory.
+
+    A layer over ``REAL_TENSOR_BYTES`` is asked with zero-stride stand-ins: the CPU
+    selection reads sizes, dtype, device, layout and flags, and a stand-in suggests the
+    contiguous format, as the real tensor does. Not for a channels_last layer (no
+    stand-in suggests it), a 1-d one (ATen copies it with ``contiguous()`` first) or a GPU
+    (``canUse32BitIndexMath`` reads strides): those are skipped, saying why.
+    """
     from convlab.aten.backends import backend_name
 
-    fmt = {"channels_last": torch.channels_last, "channels_last_3d": torch.channels_last_3d}
-    kw = dict(dtype=q.dtype, device=q.device)
-    x = torch.empty(q.input_shape, memory_format=fmt.get(q.input_format,
-                                                        torch.contiguous_format), **kw)
-    w = torch.empty(q.weight_shape, memory_format=fmt.get(q.weight_format,
-                                                         torch.contiguous_format), **kw)
-    p = q.params
-    out = q.weight_shape[1] * p.groups if p.transposed else q.weight_shape[0]
-    b = torch.empty(out, **kw) if q.bias else None
-    x.requires_grad_(q.requires_grad)
-    return backend_name(torch._C._select_conv_backend(x, w, b, *p.aten_args()))
+    if q.device != "cpu" and not (q.device == "cuda" and torch.cuda.is_available()):
+        return AtenCheck(None, f"from the rule, from source, not run: no {q.device} device "
+                         "here")
+    if env != Environment.current():  # a hypothetical environment: only the rule answers
+        return AtenCheck(None, "this machine's rules, with the flags given")
+    size = _layer_bytes(q)
+    stand_in = size > REAL_TENSOR_BYTES
+    if stand_in:
+        why = ("GPU" if q.device != "cpu" else "1-d" if q.params.dim == 1
+               else "channels_last" if {q.input_format, q.weight_format} != {"contiguous"}
+               else None)
+        if why is not None:
+            return AtenCheck(None, f"this machine's rules; ATen not asked: a {size / 2**30:.1f}"
+                             f" GiB {why} layer needs its memory")
+    try:
+        x, w, *b = _aten_tensors(q, stand_in)
+        backend = backend_name(torch._C._select_conv_backend(x, w, b[0] if b else None,
+                                                             *q.params.aten_args()))
+    except RuntimeError as err:  # shown next to the rule's answer, not raised
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        return AtenCheck(None, f"this machine's rules; ATen raised: {first}")
+    return AtenCheck(backend, "on zero-stride stand-ins" if stand_in else "on empty tensors")
 
 
 def _with_shape(q: ConvQuery, n: int | None = None, groups: int | None = None,
@@ -233,7 +286,7 @@ def explain(query: ConvQuery, env: Environment | None = None,
     backward = selection.select(_backward_query(query), env)
     kernel, checked = backward_kernel(backward.backend, query.device)
     trace = _trace(query, env) if kernels else None
-    return Explanation(query, env, forward, backward, _aten_backend(query, env),
+    return Explanation(query, env, forward, backward, aten_check(query, env),
                        flips(query, env, forward.backend), kernel, checked,
                        buffers(query, backward.backend), autograd_node(query), trace)
 
@@ -271,13 +324,10 @@ def format_explanation(e: Explanation) -> str:
              f"{p.groups}" + (f"  output_padding {p.output_padding}" if p.transposed else ""),
              f"  threads {e.env.threads}  mkldnn {e.env.mkldnn_enabled}  nnpack "
              f"{e.env.nnpack_enabled}"]
-    if e.forward.checked_here:
-        agree = "agrees" if e.aten_forward == e.forward.backend else f"ATen: {e.aten_forward}"
-        where = f"this machine; ATen's own _select_conv_backend {agree}"
-        if e.aten_forward is None:
-            where = "this machine's rules, with the flags given"
-    else:
-        where = f"from the rule, from source, not run: no {q.device} device here"
+    where = e.aten.how
+    if e.aten.backend is not None:
+        agree = "agrees" if e.aten.backend == e.forward.backend else f"says {e.aten.backend}"
+        where = f"this machine; ATen's own _select_conv_backend {agree} {e.aten.how}"
     lines += [f"forward backend:  {e.forward.backend}  ({where})",
               f"backward backend: {e.backward.backend}  (convolution_backward selects again, "
               "need_backward=true)",

@@ -28,13 +28,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from convlab.aten.conv_query import (  # noqa: F401  (re-exported: the selection's types)
-    DEVICE_TYPES,
-    ConvQuery,
-    Environment,
-    Selection,
-    Term,
-)
+from convlab.aten.conv_query import ConvQuery, Environment, Selection, Term
 from convlab.scratch.params import ConvParams
 
 CC = "Convolution.cpp"
@@ -355,7 +349,12 @@ def _depthwise_backend(c: _Ctx) -> str:
 
 
 def _slow_backend(c: _Ctx) -> str:
-    """The "backends without support for groups" block (ATen's own kernels, and NNPACK)."""
+    """The "backends without support for groups" block (ATen's own kernels, and NNPACK).
+    Another rank than 4 or 5 (a 1-d mkldnn-layout input, not viewed as 2-d) reaches ATen's
+    closing "unsupported ConvNd parameters"."""
+    if c.ndim not in (4, 5):
+        raise ValueError(f"unsupported ConvNd parameters: ATen's own kernels take a 4-d or 5-d"
+                         f" input, got {c.ndim}-d (an mkldnn-layout 1-d input needs oneDNN on)")
     if c.p.transposed:
         return {4: "SlowTranspose2d", 5: "SlowTranspose3d"}[c.ndim]
     if c.ndim == 5:  # a CPU non-dilated one was taken by the Slow3d rule (dead branch in C++)

@@ -1,10 +1,15 @@
 """The ``convlab`` command (also ``python -m convlab``): a thin dispatcher.
 
 One module per command in this package (:mod:`convlab.cli.doctor`, :mod:`~convlab.cli.trace`,
-:mod:`~convlab.cli.bench`, :mod:`~convlab.cli.explain`), each with ``main(argv) -> int``,
-imported only when its command runs (so ``convlab explain`` does not load the benchmark).
-Arguments are checked before any work: a bad one is a one-line error and exit status 2. An
-interrupted command (Ctrl-C) exits with status 130.
+:mod:`~convlab.cli.bench`, :mod:`~convlab.cli.explain`), each with ``build_parser()`` (its
+options) and ``main(argv) -> int``, imported only when its command runs (so ``convlab
+explain`` does not load the benchmark). Adding a command is one such module and one line in
+``COMMANDS``.
+
+The dispatcher parses every command's arguments the same way before the command runs
+(:func:`convlab.cli.args.parse`): an unknown option or a malformed value is one line on
+stderr, ``convlab CMD: error: ...``, and exit status 2, as is a value the command refuses
+after parsing. An interrupted command (Ctrl-C) exits with status 130.
 """
 
 from __future__ import annotations
@@ -33,17 +38,22 @@ def usage() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Route ``argv`` to a command module's ``main``; return its exit status."""
+    """Route ``argv`` to a command module's ``main``; return its exit status. A usage
+    error raises ``SystemExit(2)`` after its one line (``--help``: ``SystemExit(0)``)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in {"-h", "--help", "help"}:
         print(usage())
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
-        print(f"convlab: unknown command {name!r}\n\n{usage()}", file=sys.stderr)
+        print(f"convlab: error: unknown command {name!r} (choose from "
+              f"{', '.join(COMMANDS)}; convlab --help)", file=sys.stderr)
         return USAGE_ERROR
+    from convlab.cli.args import parse
+
     module = importlib.import_module(f"convlab.cli.{name}")
     try:
+        parse(module.build_parser(), rest)  # SystemExit(2) on a usage error, as argparse
         return int(module.main(rest) or 0)
     except KeyboardInterrupt:  # bench keeps its finished layers itself; others just stop
         print(f"convlab {name}: interrupted", file=sys.stderr)

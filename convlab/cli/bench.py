@@ -13,7 +13,17 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 
+from convlab.cli.args import Parser, folder, integer, number, parse, refuse
+
 INTERRUPTED = 130
+# The verdicts are sign tests over rounds: 20 rounds on one side already give p < 2e-6, and
+# past that the A/A band, not the number of rounds, limits what a run can resolve. 100 rounds
+# of the whole suite (11 layers x 5 passes x up to 8 paths) at the default 0.1 s blocks are
+# up to 73 minutes of timed blocks; more rounds only cost time (a huge value never returns).
+MAX_ROUNDS = 100
+# A block's minimum time (torch.utils.benchmark's blocked_autorange); one minute is far more
+# than any layer of the suite needs for a stable median.
+MAX_MIN_RUN_TIME = 60.0
 
 
 def names(text: str) -> list[str]:
@@ -21,19 +31,14 @@ def names(text: str) -> list[str]:
     return [item.strip() for item in text.split(",") if item.strip()]
 
 
-def int_arg(text: str) -> int:
-    """An integer option (argparse turns the ValueError into a usage error)."""
-    return int(text)
-
-
 # ---------------------------------------------------------------------------------- bench
 
 
-def bench_parser() -> argparse.ArgumentParser:
-    """The options of ``convlab bench``."""
+def build_parser() -> argparse.ArgumentParser:
+    """The options of ``convlab bench``, each value checked by its type where it can be."""
     from convlab.lab import bench, paths
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="convlab bench",
         description="Time every convolution path (native, forced backends, convlab's own) "
         "side by side in interleaved rounds, with an A/A pair for the noise band; write CSV "
@@ -49,15 +54,18 @@ def bench_parser() -> argparse.ArgumentParser:
     parser.add_argument("--passes", type=names,
                         help=f"comma-separated, from {','.join(paths.PASSES)}")
     parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    parser.add_argument("--threads", type=int_arg, default=None,
+    parser.add_argument("--threads", type=integer, default=None,
                         help="torch and NumPy BLAS threads (default: torch's current count)")
     parser.add_argument("--dtype", choices=("float32", "float64"), default="float32")
     # 7 rounds: the sign test behind every verdict needs at least timing.MIN_ROUNDS (6).
-    parser.add_argument("--rounds", type=int_arg, default=7, help="interleaved rounds (7)")
-    parser.add_argument("--min-run-time", type=float, default=0.1,
-                        help="seconds per blocked_autorange block (0.1)")
+    parser.add_argument("--rounds", type=integer, default=7,
+                        help=f"interleaved rounds (7; at most {MAX_ROUNDS})")
+    parser.add_argument("--min-run-time", type=number, default=0.1,
+                        help="seconds per blocked_autorange block (0.1; at most "
+                        f"{MAX_MIN_RUN_TIME:g})")
     parser.add_argument("--no-memory", action="store_true", help="skip memory measurements")
-    parser.add_argument("--out", default="bench-results", help="output folder for CSV and JSON")
+    parser.add_argument("--out", type=folder, default="bench-results",
+                        help="output folder for CSV and JSON (created)")
     parser.add_argument("--list", action="store_true", help="list the suite's layers and exit")
     return parser
 
@@ -82,8 +90,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     from convlab.lab import bench, bench_report, paths
 
-    parser = bench_parser()
-    args = parser.parse_args(list(argv) if argv is not None else None)
+    args = parse(build_parser(), argv)
     if args.list:
         for layer in paths.SUITE:
             print(f"{layer.name:<11} {layer.describe():<44} {layer.note}")
@@ -100,14 +107,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = bench.check_device(args.device)
         threads = bench.check_threads(torch.get_num_threads() if args.threads is None
                                       else args.threads)
-        if args.rounds < 1:
-            raise ValueError(f"rounds must be a positive int, got {args.rounds}")
-        if not 0 < args.min_run_time < 60:
-            raise ValueError(f"min-run-time must be in (0, 60) seconds, got {args.min_run_time}")
+        if not 1 <= args.rounds <= MAX_ROUNDS:
+            raise ValueError(f"rounds must be a positive int no larger than {MAX_ROUNDS}, "
+                             f"got {args.rounds}")
+        if not (math.isfinite(args.min_run_time) and 0 < args.min_run_time <= MAX_MIN_RUN_TIME):
+            raise ValueError(f"min-run-time must be a finite number of seconds in (0, "
+                             f"{MAX_MIN_RUN_TIME:g}], got {args.min_run_time}")
         bench_report.check_out_dir(args.out)
     except (ValueError, TypeError) as err:
-        print(f"convlab bench: error: {err}", file=sys.stderr)
-        return 2
+        return refuse("convlab bench", err)
     report = bench_report.Report()
     start = time.perf_counter()
     status = 0

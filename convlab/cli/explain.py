@@ -8,12 +8,10 @@ command answers in well under a second.
 from __future__ import annotations
 
 import argparse
-import sys
 from collections.abc import Sequence
 
-from convlab.cli.args import Parser, add_conv_arguments
-
-DEVICES = ("cpu", "cuda", "hip", "mps", "xpu", "meta")
+from convlab.aten.conv_query import DEVICE_TYPES
+from convlab.cli.args import Parser, add_conv_arguments, integer, parse, refuse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -26,9 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
         "answered from the rule (from source, not run).",
     )
     add_conv_arguments(ap, {"input": "8,64,56,56", "weight": "64,64,3,3", "padding": "1"})
-    ap.add_argument("--device", default="cpu", choices=DEVICES,
+    ap.add_argument("--device", default="cpu", choices=DEVICE_TYPES,
                     help="device type (default cpu); others are answered from the rule")
-    ap.add_argument("--threads", type=int, default=None,
+    ap.add_argument("--threads", type=integer, default=None,
                     help="intra-op threads to assume (default: torch's current count)")
     ap.add_argument("--no-mkldnn", action="store_true", help="torch.backends.mkldnn off")
     ap.add_argument("--no-nnpack", action="store_true", help="torch.backends.nnpack off")
@@ -40,11 +38,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``convlab explain [options]``: print the explanation; 2 on a bad argument."""
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    args = parse(build_parser(), argv)
     from dataclasses import replace
 
+    from convlab.aten.conv_query import ConvQuery, Environment
     from convlab.aten.explain import explain, format_explanation
-    from convlab.aten.selection import ConvQuery, Environment
 
     try:
         query = ConvQuery.create(
@@ -63,9 +61,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.kernels:
             return _with_kernels(query, env, args)
         result = explain(query, env)
-    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
-        print(f"convlab explain: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
+    except (TypeError, ValueError, OverflowError) as exc:
+        return refuse("convlab explain", exc)
+    except RuntimeError as exc:  # torch failed on a valid layer: not a usage error
+        refuse("convlab explain", exc)
+        return 1
     print(format_explanation(result))
     return 0
 
@@ -74,8 +74,8 @@ def _with_kernels(query, env, args: argparse.Namespace) -> int:  # noqa: ANN001
     """``--kernels``: run the process with the asked flags, then trace under gdb."""
     import torch
 
+    from convlab.aten.conv_query import Environment
     from convlab.aten.explain import explain, format_explanation
-    from convlab.aten.selection import Environment
 
     if query.device != "cpu":
         raise ValueError("--kernels traces CPU layers only")
@@ -92,8 +92,3 @@ def _with_kernels(query, env, args: argparse.Namespace) -> int:  # noqa: ANN001
         torch._C._set_nnpack_enabled(saved[1])
     print(format_explanation(result))
     return 0
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import argparse
 import subprocess
-import sys
 from collections.abc import Sequence
 
 import torch
 
-from convlab.cli.args import Parser, add_conv_arguments, check_device
+from convlab.cli.args import Parser, add_conv_arguments, check_device, parse, refuse
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -71,20 +70,15 @@ def kernels_main(args: argparse.Namespace) -> int:
         case = case_from_args(args)
         (trace,) = trace_kernels([case])
     except (TypeError, ValueError, RuntimeError, subprocess.TimeoutExpired) as exc:
-        print(f"convlab trace --kernels: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
+        return refuse("convlab trace --kernels", exc)
     print(f"backend: {trace.backend}")
     print(f"backward ran: {trace.path}")
     return 0
 
 
-def _one_line(exc: BaseException) -> str:
-    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     """``convlab trace [options]``: print the op trace of one conv's forward and backward."""
-    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    args = parse(build_parser(), argv)
     if args.kernels:
         return kernels_main(args)
     from convlab.aten.dispatch import format_tree, make_conv, profile_conv, trace_conv
@@ -99,8 +93,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rec = trace_conv(conv, args.backend)
         trees = profile_conv(conv, args.backend) if args.profile else None
     except (TypeError, ValueError, RuntimeError, OverflowError) as exc:
-        print(f"convlab trace: error: {_one_line(exc)}", file=sys.stderr)
-        return 2
+        return refuse("convlab trace", exc)
     kind = "conv_transpose" if args.transposed else "conv"
     print(f"{kind}{conv.params.dim}d  input {list(conv.input.shape)}  weight "
           f"{list(conv.weight.shape)}  bias {conv.bias is not None}  {args.dtype}  "

@@ -13,7 +13,8 @@ import pytest
 
 from convlab.lab import machine, records
 
-COMMITTED = sorted(records.RECORDS_DIR.glob("*.json"))
+COMMITTED = sorted(p for p in records.RECORDS_DIR.glob("*.json")
+                   if not p.name.endswith(records.MANIFEST_SUFFIX))
 
 
 def _record(isa: str = "avx2", model: str = "AMD EPYC", cores: int = 2, **sections) -> dict:
@@ -40,16 +41,51 @@ def test_every_committed_record_is_valid(path: Path):
 
 
 def test_committed_records_cover_every_setting_of_their_machine():
+    """Each offered setting has a record or, in the machine's manifest, a reason."""
     assert COMMITTED, f"no record in {records.RECORDS_DIR}: run `make records`"
     by_machine: dict[str, set[str]] = {}
     for rec in records.load_records():
         by_machine.setdefault(rec.machine, set()).add(rec.isa)
         flags = set(rec.fingerprint["isa_flags"])
         assert rec.isa in {s.label for s in machine.available_settings(flags)}
+    manifests = records.load_manifests()
+    assert set(manifests) <= set(by_machine), "a manifest for a machine with no record"
     for slug, isas in by_machine.items():
         rec = next(r for r in records.load_records() if r.machine == slug)
         want = {s.label for s in machine.available_settings(set(rec.fingerprint["isa_flags"]))}
-        assert isas == want, slug
+        skipped = manifests.get(slug, {})
+        assert not isas & set(skipped), f"{slug}: both a record and a skip reason"
+        assert isas | set(skipped) == want, slug
+
+
+def test_manifest_round_trip_and_validation(tmp_path):
+    path = records.note_skipped("cpu-x2", "avx512_fp16", "cap  not\nobserved", tmp_path)
+    assert path.name == "cpu-x2.manifest.json"
+    records.note_skipped("cpu-x2", "amx", "no AMX kernel seen", tmp_path)
+    assert records.load_manifests(tmp_path) == {"cpu-x2": {
+        "amx": "no AMX kernel seen", "avx512_fp16": "cap not observed"}}
+    assert list(records.read_manifest(path)) == ["amx", "avx512_fp16"]  # widest first
+    (tmp_path / "cpu-x2__avx2.json").write_text(json.dumps(_record(model="CPU")))
+    assert [r.isa for r in records.load_records(tmp_path)] == ["avx2"]  # not a record
+    records.note_skipped("cpu-x2", "amx", None, tmp_path)
+    records.note_skipped("cpu-x2", "avx512_fp16", None, tmp_path)
+    assert not path.exists() and records.load_manifests(tmp_path) == {}
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    ([], "a manifest is a JSON object"),
+    ({"schema": 1, "machine": "other", "skipped_settings": {}}, "machine must be"),
+    ({"schema": 1, "machine": "m", "skipped_settings": []}, "must be an object"),
+    ({"schema": 1, "machine": "m", "skipped_settings": {"avx9": "x"}}, "'avx9' is none"),
+    ({"schema": 1, "machine": "m", "skipped_settings": {"amx": " "}}, "non-empty reason"),
+    ({"schema": True, "machine": "m", "skipped_settings": {}}, "schema must be 1"),
+    ({"schema": 1, "machine": "m", "skipped_settings": {}, "x": 1}, "unknown keys 'x'"),
+])
+def test_manifest_validation_names_the_problem(tmp_path, data, problem):
+    path = tmp_path / "m.manifest.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"m.manifest.json: invalid manifest: .*{problem}"):
+        records.read_manifest(path)
 
 
 @pytest.mark.parametrize(("change", "problem"), [

@@ -18,6 +18,14 @@ Record JSON (schema 1)::
      "fingerprint": {...}, "sections": {"<name>": {...} | {"error": "<one line>"}},
      "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false}}}
 
+A setting the runner offers but could not verify on a machine (its cap was not observed
+to take effect) is not measured; the runner writes why into that machine's manifest,
+``<machine-slug>.manifest.json`` (schema 1)::
+
+    {"schema": 1, "machine": "<machine-slug>", "skipped_settings": {"<isa>": "<reason>"}}
+
+so a record set says why a setting is absent (:func:`load_manifests`).
+
 The chapters read them with :func:`load_records`.
 
 >>> [r.label for r in load_records()]                     # doctest: +SKIP
@@ -61,6 +69,7 @@ REQUIRED: dict[str, type | tuple[type, ...]] = {
     "schema": int, "isa": str, "env": dict, "created": str, "quick": bool, "load": dict,
     "fingerprint": dict, "sections": dict,
 }
+MANIFEST_SUFFIX = ".manifest.json"
 FINGERPRINT_KEYS: tuple[str, ...] = (
     "cpu_model", "cores", "isa_flags", "aten_cpu_capability", "onednn_version", "onednn_isa",
     "mkldnn_bf16_supported", "mkldnn_fp16_supported", "blas", "threads", "torch_version",
@@ -157,6 +166,10 @@ def read_record(path: str | os.PathLike[str]) -> Record:
                   sections=data["sections"], section_meta=data.get("section_meta", {}))
 
 
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
+
+
 def _isa_rank(isa: str) -> int:
     order = machine.ISA_ORDER
     return order.index(isa) if isa in order else len(order)
@@ -168,8 +181,83 @@ def load_records(directory: str | os.PathLike[str] | None = None) -> list[Record
     folder = RECORDS_DIR if directory is None else Path(directory)
     if not folder.is_dir():
         return []
-    records = [read_record(p) for p in sorted(folder.glob("*.json"))]
+    records = [read_record(p) for p in sorted(folder.glob("*.json"))
+               if not p.name.endswith(MANIFEST_SUFFIX)]
     return sorted(records, key=lambda r: (r.machine, _isa_rank(r.isa), r.path.name))
+
+
+def manifest_path(slug: str, directory: str | os.PathLike[str] | None = None) -> Path:
+    """Where the manifest of machine ``slug`` lives (``<slug>.manifest.json``)."""
+    folder = RECORDS_DIR if directory is None else Path(directory)
+    return folder / f"{slug}{MANIFEST_SUFFIX}"
+
+
+def validate_manifest(data: object, slug: str | None = None) -> list[str]:
+    """What is wrong with a manifest's JSON data (empty list: valid schema 1)."""
+    if not isinstance(data, dict):
+        return [f"a manifest is a JSON object, got {type(data).__name__}"]
+    problems = []
+    if data.get("schema") != SCHEMA or isinstance(data.get("schema"), bool):
+        problems.append(f"schema must be {SCHEMA}, got {data.get('schema')!r}")
+    if not isinstance(data.get("machine"), str) or (slug and data["machine"] != slug):
+        problems.append(f"machine must be the file's slug {slug!r}, got "
+                        f"{data.get('machine')!r}")
+    skipped = data.get("skipped_settings")
+    if not isinstance(skipped, dict):
+        problems.append(f"skipped_settings must be an object, got {type(skipped).__name__}")
+        return problems
+    for label, reason in skipped.items():
+        if label not in machine.ISA_ORDER:
+            problems.append(f"skipped_settings: {label!r} is none of "
+                            f"{', '.join(machine.ISA_ORDER)}")
+        if not isinstance(reason, str) or not reason.strip():
+            problems.append(f"skipped_settings[{label!r}] must be a non-empty reason")
+    unknown = sorted(set(data) - {"schema", "machine", "skipped_settings"})
+    if unknown:
+        problems.append(f"unknown keys {', '.join(map(repr, unknown))}")
+    return problems
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A manifest's skipped settings, ``{isa: reason}`` (``ValueError`` naming the file)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(), parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, ValueError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    problems = validate_manifest(data, path.name.removesuffix(MANIFEST_SUFFIX))
+    if problems:
+        raise ValueError(f"{path}: invalid manifest: {'; '.join(problems)}")
+    return dict(data["skipped_settings"])
+
+
+def load_manifests(directory: str | os.PathLike[str] | None = None) -> dict[str, dict[str, str]]:
+    """Every machine's skipped settings: ``{machine slug: {isa: reason}}``."""
+    folder = RECORDS_DIR if directory is None else Path(directory)
+    if not folder.is_dir():
+        return {}
+    return {p.name.removesuffix(MANIFEST_SUFFIX): read_manifest(p)
+            for p in sorted(folder.glob(f"*{MANIFEST_SUFFIX}"))}
+
+
+def note_skipped(slug: str, label: str, reason: str | None,
+                 directory: str | os.PathLike[str] | None = None) -> Path:
+    """Record (``reason``) or clear (``None``) why machine ``slug`` has no ``label`` record.
+
+    The manifest is removed when no setting is skipped any more."""
+    path = manifest_path(slug, directory)
+    skipped = read_manifest(path) if path.exists() else {}
+    if reason is None:
+        skipped.pop(label, None)
+    else:
+        skipped[label] = " ".join(reason.split())
+    if skipped:
+        ordered = {k: skipped[k] for k in sorted(skipped, key=_isa_rank)}
+        data = {"schema": SCHEMA, "machine": slug, "skipped_settings": ordered}
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    elif path.exists():
+        path.unlink()
+    return path
 
 
 def record_path(isa: str, directory: str | os.PathLike[str] | None = None,

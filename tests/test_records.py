@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fixtures.cpu_fixtures import fixture_run, intel_fixture
 
 from convlab.lab import machine, records
 
@@ -19,7 +21,9 @@ COMMITTED = sorted(p for p in records.RECORDS_DIR.glob("*.json")
 
 def _record(isa: str = "avx2", model: str = "AMD EPYC", cores: int = 2, **sections) -> dict:
     fp = {key: None for key in records.FINGERPRINT_KEYS}
-    fp.update(cpu_model=model, cores=cores, aten_cpu_capability="AVX2", threads=2)
+    fp.update(cpu_model=model, cores=cores, aten_cpu_capability="AVX2", threads=2,
+              isa_flags=["avx2"], blas={}, torch_version="2.13.0+cpu", torch_build="cpu",
+              python="3.12.0")
     return {"schema": 1, "isa": isa, "env": {}, "created": "2026-12-01T20:40:00Z",
             "quick": False, "load": {"before": [1.0, 2.0, 3.0], "after": [1.0, 2.0, 3.0]},
             "fingerprint": fp, "sections": sections or {"suite": {"x": 1}},
@@ -97,12 +101,52 @@ def test_manifest_validation_names_the_problem(tmp_path, data, problem):
     (lambda d: d["fingerprint"].pop("onednn_isa"), "fingerprint lacks onednn_isa"),
     (lambda d: d.update(created="yesterday"), "not an ISO time"),
     (lambda d: d["sections"].update(suite=[1]), "section 'suite' must be an object"),
+    (lambda d: d["fingerprint"].update(cores="2"), "fingerprint.cores must be int, got str"),
+    (lambda d: d["fingerprint"].update(cores=True), "fingerprint.cores must be int, got bool"),
+    (lambda d: d["fingerprint"].update(cpu_model=None), "fingerprint.cpu_model must be str"),
+    (lambda d: d["fingerprint"].update(blas=[]), "fingerprint.blas must be dict, got list"),
+    (lambda d: d.update(section_meta=[]), "'section_meta' must be dict, got list"),
+    (lambda d: d["section_meta"].update(suite=3), "section_meta['suite'] must be an object"),
+    (lambda d: d["load"].update(after=[1.0, float("nan"), 2.0]),
+     "record.load.after[1] is not a finite number"),
+    (lambda d: d["sections"]["suite"].update(t=float("inf")),
+     "record.sections.suite.t is not a finite number"),
+    (lambda d: d["sections"].update(claims={"ch3_x": {"evidence": "e"}}),
+     "sections.claims['ch3_x'] must be an object with a string status"),
 ])
 def test_validate_names_the_problem(change, problem):
     data = _record()
     change(data)
     assert any(problem in p for p in records.validate(data)), records.validate(data)
     assert records.validate([]) == ["a record is a JSON object, got list"]
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    (lambda d: d["fingerprint"].update(cores="2"), "fingerprint.cores"),
+    (lambda d: d.update(section_meta=["suite"]), "'section_meta'"),
+    (lambda d: d["load"].update(before=[float("nan")] * 3), "record.load.before[0]"),
+])
+def test_loader_names_file_and_key(tmp_path, change, key):
+    data = _record()
+    change(data)
+    path = tmp_path / "amd-epyc-x2__avx2.json"
+    path.write_text(json.dumps(data))  # json writes NaN as the token json.loads accepts
+    with pytest.raises(ValueError, match="amd-epyc-x2__avx2.json: invalid record: "
+                       f".*{re.escape(key)}"):
+        records.read_record(path)
+
+
+def test_a_record_without_claims_or_section_meta_still_loads(tmp_path):
+    data = _record()
+    del data["section_meta"]
+    path = tmp_path / "amd-epyc-x2__avx2.json"
+    path.write_text(json.dumps(data))
+    rec = records.read_record(path)
+    assert rec.section_meta == {} and "claims" not in rec.sections
+    data["sections"]["claims"] = {"ch3_bf16_routes_mkldnn": {"status": "holds"}}
+    path.write_text(json.dumps(data))
+    assert records.read_record(path).section("claims")["ch3_bf16_routes_mkldnn"]["status"] \
+        == "holds"
 
 
 def test_loader_sorts_by_machine_then_widest_isa(tmp_path):
@@ -163,35 +207,147 @@ def test_run_section_keeps_an_error_as_one_line(monkeypatch):
     assert "returned list, not a dict" in records.run_section("list", quick=True)["error"]
 
 
-def test_runner_writes_one_checked_record_per_setting(tmp_path):
-    """End to end, in fresh processes, with a stand-in section (no timing)."""
-    module = tmp_path / "fake_section.py"
-    module.write_text("import os, torch\n"
-                      "def record(quick=False):\n"
-                      "    return {'capability': torch.backends.cpu.get_cpu_capability(),\n"
-                      "            'quick': quick, 'nan': float('nan')}\n"
-                      "def fails(quick=False):\n"
-                      "    raise RuntimeError('broken\\nsecond line')\n")
+FAKE_SECTIONS = ("import os, torch\n"
+                 "def record(quick=False):\n"
+                 "    return {'capability': torch.backends.cpu.get_cpu_capability(),\n"
+                 "            'cap': os.environ.get('ONEDNN_MAX_CPU_ISA'),\n"
+                 "            'quick': quick, 'nan': float('nan')}\n"
+                 "def fails(quick=False):\n"
+                 "    raise RuntimeError('broken\\nsecond line')\n")
+# every process of a run (parent and children) swaps in the stand-in sections
+SWAP_SECTIONS = ("from convlab.lab import records\n"
+                 "records.SECTIONS.clear()\n"
+                 "records.SECTIONS.update(fake='fake_section:record', "
+                 "bad='fake_section:fails')\n")
+# ... and, with a CPU fixture, sees that CPU: its flags, and per cap the fingerprint a
+# process under it reports (this machine's fingerprint with the fixture's ATen/oneDNN part)
+SWAP_CPU = ("import json, os\n"
+            "from convlab.lab import machine\n"
+            "_cpu = json.load(open(os.environ['CONVLAB_TEST_CPU']))\n"
+            "_real = machine.fingerprint\n"
+            "machine.cpu_flags = lambda: set(_cpu['flags'])\n"
+            "machine.cpu_model = lambda: _cpu['model']\n"
+            "def _fingerprint():\n"
+            "    fp = dict(_real())\n"
+            "    fp.update(_cpu['runs'][os.environ['ONEDNN_MAX_CPU_ISA']])\n"
+            "    fp.update(cpu_model=_cpu['model'], isa_flags=sorted(_cpu['flags']))\n"
+            "    return fp\n"
+            "machine.fingerprint = _fingerprint\n")
+
+
+def _run(tmp_path: Path, *args: str, cpu: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m convlab.lab.records --quick --dir tmp/out ARGS`` with stand-in sections."""
+    (tmp_path / "fake_section.py").write_text(FAKE_SECTIONS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    custom = SWAP_SECTIONS
+    if cpu is not None:
+        (tmp_path / "cpu.json").write_text(json.dumps(cpu))
+        env["CONVLAB_TEST_CPU"] = str(tmp_path / "cpu.json")
+        custom += SWAP_CPU
+    (tmp_path / "sitecustomize.py").write_text(custom)
+    argv = ["--quick", "--dir", str(tmp_path / "out"), *args]
+    code = f"import sys; from convlab.lab import records; sys.exit(records.main({argv!r}))"
+    return subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, check=False, timeout=300)
+
+
+def test_runner_writes_a_checked_record_or_a_reason_per_setting(tmp_path):
+    """End to end on this CPU, in fresh processes, with stand-in sections (no timing).
+
+    Whatever this CPU is, each setting it offers ends as a record whose caps were observed
+    or as a reason in the machine's manifest; neither is an error."""
     settings = machine.available_settings()
     if not settings:
         pytest.skip("no ISA setting on this CPU")
-    # every process of the run (parent and children) swaps in the stand-in sections
-    (tmp_path / "sitecustomize.py").write_text(
-        "from convlab.lab import records\n"
-        "records.SECTIONS.clear()\n"
-        "records.SECTIONS.update(fake='fake_section:record', bad='fake_section:fails')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    code = ("import sys; from convlab.lab import records; "
-            f"sys.exit(records.main(['--quick', '--dir', {str(tmp_path / 'out')!r}]))")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, check=False, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    got = records.load_records(tmp_path / "out")
-    assert [r.isa for r in got] == [s.label for s in settings]
-    for rec, setting in zip(got, settings, strict=True):
+    result = _run(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    got = {r.isa: r for r in records.load_records(tmp_path / "out")}
+    skipped = records.load_manifests(tmp_path / "out").get(machine.machine_slug(), {})
+    assert got, "no setting could be verified on this CPU"
+    for setting in settings:
+        assert (setting.label in got) != (setting.label in skipped), setting.label
+        if setting.label in skipped:
+            assert "cannot verify" in skipped[setting.label] or "above" in skipped[
+                setting.label] or "ATen reports" in skipped[setting.label]
+            continue
+        rec = got[setting.label]
         assert rec.env == setting.env and rec.quick is True
         assert rec.sections["fake"]["capability"] == setting.aten
         assert rec.sections["fake"]["nan"] is None  # NaN stored as null
         assert rec.sections["bad"] == {"error": "RuntimeError: broken"}
         assert machine.check_setting(setting, rec.fingerprint) == []
+
+
+def _intel_cpu() -> dict:
+    runs = {s.onednn: fixture_run("intel", s.label) for s in machine.ISA_SETTINGS}
+    return {"model": "Intel(R) Xeon(R) Processor", "flags": sorted(intel_fixture()["flags"]),
+            "runs": runs}
+
+
+def test_runner_on_the_intel_fixture_skips_the_caps_it_cannot_verify(tmp_path):
+    result = _run(tmp_path, cpu=_intel_cpu())
+    assert result.returncode == 0, result.stdout[-3000:]
+    out = tmp_path / "out"
+    assert [r.isa for r in records.load_records(out)] == ["avx512", "avx2", "sse41"]
+    (slug, skipped), = records.load_manifests(out).items()
+    assert slug.startswith("intel-xeon-processor-x")
+    assert list(skipped) == ["amx", "avx512_fp16", "avx512_bf16"]
+    assert skipped["amx"].startswith("cannot verify the cap: no oneDNN kernel at "
+                                     "avx512_core_amx was seen (highest: jit:avx512_core)")
+    for rec in records.load_records(out):
+        assert rec.sections["fake"]["cap"] == rec.env["ONEDNN_MAX_CPU_ISA"]
+    # a later run that verifies a setting clears its reason; a rerun merges
+    cpu = _intel_cpu()
+    cpu["runs"]["AVX512_CORE_AMX"]["onednn_dtype_implementations"] = {
+        "bfloat16": {"forward_training": "brg_conv_fwd:avx512_core_amx"}}
+    result = _run(tmp_path, "--isa", "amx,avx2", cpu=cpu)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert [r.isa for r in records.load_records(out)] == ["amx", "avx512", "avx2", "sse41"]
+    assert list(records.load_manifests(out)[slug]) == ["avx512_fp16", "avx512_bf16"]
+
+
+def test_runner_keeps_a_bad_old_record_and_the_new_measurement(tmp_path):
+    """The old file is validated before the child measures; if it cannot take the merge,
+    the new record goes beside it and the other settings still run."""
+    cpu = {"model": "AMD EPYC", "flags": ["sse4_1", "sse4_2", "avx2", "fma"], "runs": {
+        s.onednn: fixture_run("amd-epyc-avx2-x2", s.label) for s in machine.ISA_SETTINGS
+        if s.label in ("avx2", "sse41")}}
+    out = tmp_path / "out"
+    out.mkdir()
+    slug = f"amd-epyc-x{os.cpu_count()}"
+    bad = _record("avx2", "AMD EPYC", os.cpu_count())
+    bad["fingerprint"]["cores"] = "two"
+    target = out / f"{slug}__avx2.json"
+    target.write_text(json.dumps(bad))
+    before = target.read_text()
+    result = _run(tmp_path, cpu=cpu)
+    assert result.returncode == 1, result.stdout[-3000:]
+    text = result.stdout
+    assert text.index("will not merge into") < text.index("records [avx2] fake ...")
+    assert "fingerprint.cores must be int" in text
+    assert target.read_text() == before  # the old file untouched
+    (beside,) = out.glob(f"{slug}__avx2.json.*.new")
+    new = records.validate(json.loads(beside.read_text()))
+    assert new == [] and json.loads(beside.read_text())["sections"]["fake"]["cap"] == "AVX2"
+    assert (out / f"{slug}__sse41.json").exists()  # the next setting still ran
+
+
+def test_a_failing_merge_writes_the_new_record_beside(tmp_path, monkeypatch):
+    target = tmp_path / "amd-epyc-x2__avx2.json"
+    old = _record(suite={"a": 1})
+    target.write_text(json.dumps(old))
+    new = _record(suite={"a": 2})
+
+    def broken(old, new):
+        raise KeyError("sections")
+
+    monkeypatch.setattr(records, "merge", broken)
+    path = records._write_merged(target, old, "", new)
+    assert path != target and path.name.startswith(target.name) and path.suffix == ".new"
+    assert json.loads(path.read_text())["sections"]["suite"] == {"a": 2}
+    assert json.loads(target.read_text()) == old
+    assert records.load_records(tmp_path)[0].sections["suite"] == {"a": 1}
+    monkeypatch.undo()
+    assert records._write_merged(target, old, "", new) == target
+    assert json.loads(target.read_text())["sections"]["suite"] == {"a": 2}

@@ -59,6 +59,8 @@ SECTIONS: dict[str, str] = {
     "peers": "convlab.lab.peers:record",
     "per_sample": "convlab.lab.per_sample_timing:record",
     "numerics": "convlab.lab.numerics:record",
+    # each claim of the book checked under this setting (optional in older records)
+    "claims": "convlab.lab.claims:record_outcomes",
 }
 RECORDS_DIR = Path(__file__).resolve().parents[2] / "book" / "data" / "records"
 ISA_NAMES: dict[str, str] = {
@@ -116,39 +118,93 @@ class Record:
         return self.sections[name]
 
 
+# Types of the fingerprint keys the loader and the chapters read (None: not measured).
+FINGERPRINT_TYPES: dict[str, type | tuple[type, ...]] = {
+    "cpu_model": str, "cores": int, "isa_flags": list, "aten_cpu_capability": str,
+    "onednn_version": (str, type(None)), "onednn_isa": (str, type(None)),
+    "mkldnn_bf16_supported": (bool, type(None)), "mkldnn_fp16_supported": (bool, type(None)),
+    "blas": dict, "threads": int, "torch_version": str, "torch_build": str, "python": str,
+}
+
+
+def _is(value: object, kind: type | tuple[type, ...]) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        return False  # JSON true is not a core count
+    return isinstance(value, kinds)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+
+
+def _non_finite(value: Any, where: str) -> list[str]:
+    """Key paths of NaN/inf numbers (``json.loads`` accepts them; the writer refuses)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [where]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, f"{where}[{i}]")]
+    return []
+
+
 def validate(data: object) -> list[str]:
-    """What is wrong with a record's JSON data (empty list: valid schema 1)."""
+    """What is wrong with a record's JSON data (empty list: valid schema 1), each problem
+    naming its key."""
     if not isinstance(data, dict):
         return [f"a record is a JSON object, got {type(data).__name__}"]
     problems = []
     for key, kind in REQUIRED.items():
         if key not in data:
             problems.append(f"missing key {key!r}")
-        elif not isinstance(data[key], kind) or (kind is int and isinstance(data[key], bool)):
-            problems.append(f"{key!r} must be {getattr(kind, '__name__', kind)}, "
+        elif not _is(data[key], kind):
+            problems.append(f"{key!r} must be {_kind_name(kind)}, "
                             f"got {type(data[key]).__name__}")
+    if "section_meta" in data and not isinstance(data["section_meta"], dict):
+        problems.append(f"'section_meta' must be dict, got "
+                        f"{type(data['section_meta']).__name__}")
     if problems:
         return problems
+    problems += [f"{p} is not a finite number" for p in _non_finite(data, "record")]
     if data["schema"] != SCHEMA:
         problems.append(f"schema {data['schema']} is not {SCHEMA}")
     if data["isa"] not in machine.ISA_ORDER:
         problems.append(f"isa {data['isa']!r} is none of {', '.join(machine.ISA_ORDER)}")
-    missing = [k for k in FINGERPRINT_KEYS if k not in data["fingerprint"]]
+    fp = data["fingerprint"]
+    missing = [k for k in FINGERPRINT_KEYS if k not in fp]
     if missing:
         problems.append(f"fingerprint lacks {', '.join(missing)}")
+    for key, kind in FINGERPRINT_TYPES.items():
+        if key in fp and not _is(fp[key], kind):
+            problems.append(f"fingerprint.{key} must be {_kind_name(kind)}, "
+                            f"got {type(fp[key]).__name__}")
     for key in ("before", "after"):
         value = data["load"].get(key)
         if not (isinstance(value, list) and len(value) == 3
-                and all(isinstance(v, int | float) for v in value)):
+                and all(_is(v, (int, float)) for v in value)):
             problems.append(f"load[{key!r}] must be the three os.getloadavg() numbers")
     for name, section in data["sections"].items():
         if not isinstance(section, dict):
             problems.append(f"section {name!r} must be an object")
+    for name, meta in data.get("section_meta", {}).items():
+        if not isinstance(meta, dict):
+            problems.append(f"section_meta[{name!r}] must be an object")
+    if "claims" in data["sections"] and "error" not in data["sections"]["claims"]:
+        problems += _claims_problems(data["sections"]["claims"])
     try:
         dt.datetime.fromisoformat(data["created"].replace("Z", "+00:00"))
     except ValueError:
         problems.append(f"created {data['created']!r} is not an ISO time")
     return problems
+
+
+def _claims_problems(claims: dict[str, Any]) -> list[str]:
+    """The optional ``claims`` section: ``{claim id: {"status": ..., ...}}``."""
+    return [f"sections.claims[{cid!r}] must be an object with a string status"
+            for cid, outcome in claims.items()
+            if not (isinstance(outcome, dict) and isinstance(outcome.get("status"), str))]
 
 
 def read_record(path: str | os.PathLike[str]) -> Record:
@@ -311,9 +367,10 @@ def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
     fp = machine.fingerprint()
     problems = machine.check_setting(setting, fp)
     if problems:
-        print(f"records: the {label} setting did not take effect: {'; '.join(problems)}",
-              file=sys.stderr)
-        return 3
+        reason = f"{'; '.join(problems)} [{machine.fingerprint_line(fp)}]"
+        print(f"records: skipping {label}: {reason}", file=sys.stderr, flush=True)
+        out.write_text(json.dumps({"skipped": reason}) + "\n")
+        return SKIPPED
     print(f"records [{label}] {machine.fingerprint_line(fp)}", file=sys.stderr, flush=True)
     data: dict[str, Any] = {}
     meta: dict[str, Any] = {}
@@ -365,19 +422,59 @@ def attach_derived(record: dict[str, Any]) -> dict[str, Any]:
 CHILD = "import sys; from convlab.lab.records import main; sys.exit(main(sys.argv[1:]))"
 
 
+SKIPPED = 3  # the child's exit status when its setting could not be verified
+
+
+def _old_record(target: Path, slug: str, label: str) -> tuple[dict[str, Any] | None, str]:
+    """The existing record at ``target`` to merge into (None if absent), or why it cannot
+    be: it does not load, or it is another machine's or setting's."""
+    if not target.exists():
+        return None, ""
+    try:
+        rec = read_record(target)
+    except (ValueError, OSError) as err:
+        return None, str(err)
+    if (rec.machine, rec.isa) != (slug, label):
+        return None, f"{target}: holds {rec.machine}/{rec.isa}, not {slug}/{label}"
+    return json.loads(target.read_text()), ""
+
+
+def _beside(target: Path) -> Path:
+    """A free name next to ``target`` that the loader does not read as a record."""
+    stamp = _now().replace(":", "").replace("-", "")
+    path = target.with_name(f"{target.name}.{stamp}.new")
+    n = 1
+    while path.exists():
+        n += 1
+        path = target.with_name(f"{target.name}.{stamp}-{n}.new")
+    return path
+
+
 def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = None,
             directory: Path | None = None) -> int:
-    """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files."""
+    """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files.
+
+    A setting whose cap cannot be verified is skipped and its reason written into the
+    machine's manifest (:func:`note_skipped`), not counted as an error. The existing record
+    of each setting is validated before its child measures; if it cannot take a merge, the
+    new record is written beside it (``<record>.json.<time>.new``) so that no measurement
+    is lost, and the other settings still run (exit status 1).
+    """
     settings = machine.available_settings()
     if isas:
         settings = [s for s in settings if s.label in isas]
     folder = RECORDS_DIR if directory is None else directory
     folder.mkdir(parents=True, exist_ok=True)
+    slug = machine.machine_slug()
     print(f"records: {machine.cpu_model()} offers {', '.join(s.label for s in settings)}; "
           f"sections {', '.join(sections)}{' (quick)' if quick else ''}", flush=True)
     status = 0
     start = time.perf_counter()
     for setting in settings:
+        target = record_path(setting.label, folder, slug)
+        old, old_problem = _old_record(target, slug, setting.label)
+        if old_problem:
+            print(f"records: will not merge into {target.name}: {old_problem}", flush=True)
         env = {**os.environ, **setting.env}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "record.json"
@@ -386,21 +483,51 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
             if quick:
                 cmd.append("--quick")
             code = subprocess.run(cmd, env=env, check=False).returncode
+            if code == SKIPPED and out.exists():
+                reason = json.loads(out.read_text())["skipped"]
+                path = note_skipped(slug, setting.label, reason, folder)
+                print(f"records: {setting.label} skipped (reason in {path.name})", flush=True)
+                continue
             if code or not out.exists():
                 print(f"records: {setting.label} failed (exit {code}); no file written",
                       flush=True)
                 status = 1
                 continue
             new = json.loads(out.read_text())
-        target = record_path(setting.label, folder)
-        old = json.loads(target.read_text()) if target.exists() else None
-        merged = attach_derived(merge(old, new))
-        target.write_text(json.dumps(merged, indent=1, allow_nan=False) + "\n")
-        errors = [n for n, s in merged["sections"].items() if "error" in s]
-        print(f"records: wrote {target}" + (f" (errors in {', '.join(errors)})"
-                                            if errors else ""), flush=True)
+        written = _write_merged(target, old, old_problem, new)
+        status = max(status, 0 if written == target else 1)
+        note_skipped(slug, setting.label, None, folder)
+        errors = [n for n, s in new["sections"].items() if "error" in s]
+        print(f"records: wrote {written}" + (f" (errors in {', '.join(errors)})"
+                                             if errors else ""), flush=True)
     print(f"records: done in {time.perf_counter() - start:.0f} s", flush=True)
     return status
+
+
+def _write_merged(target: Path, old: dict[str, Any] | None, old_problem: str,
+                  new: dict[str, Any]) -> Path:
+    """Write ``new`` merged into ``old`` at ``target``; where that cannot be done, write
+    ``new`` alone beside ``target`` and return that path."""
+    if not old_problem:
+        try:
+            merged = attach_derived(merge(old, new))
+            text = json.dumps(merged, indent=1, allow_nan=False) + "\n"
+            problems = validate(json.loads(text))
+            if problems:
+                raise ValueError("; ".join(problems))
+            target.write_text(text)
+            return target
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            old_problem = f"merge failed: {type(err).__name__}: {err}"
+    path = _beside(target)
+    try:
+        new = attach_derived(new)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pass  # the measurements themselves are what must not be lost
+    path.write_text(json.dumps(new, indent=1, allow_nan=False) + "\n")
+    print(f"records: {target.name} kept as it was ({old_problem}); the new record is "
+          f"{path.name}", flush=True)
+    return path
 
 
 def parse_sections(text: str | None) -> list[str]:

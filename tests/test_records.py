@@ -351,3 +351,42 @@ def test_a_failing_merge_writes_the_new_record_beside(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert records._write_merged(target, old, "", new) == target
     assert json.loads(target.read_text())["sections"]["suite"] == {"a": 2}
+
+
+def test_records_travel_with_an_installed_package(tmp_path):
+    """Colab installs a wheel, with no checkout: the wheel holds the committed records and
+    ``RECORDS_DIR`` finds them there (a copy of the tree is built, the repository is left
+    alone; the installed copy is imported from another folder)."""
+    import shutil
+    import zipfile
+
+    root = Path(records.__file__).resolve().parents[2]
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "build")
+    shutil.copytree(root / "convlab", src / "convlab", symlinks=True, ignore=ignore)
+    shutil.copytree(records.RECORDS_DIR, src / "book" / "data" / "records")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w",
+                    str(tmp_path / "wheel")], check=True, timeout=120, capture_output=True)
+    (wheel,) = (tmp_path / "wheel").glob("convlab-*.whl")
+    names = {Path(n).name for n in zipfile.ZipFile(wheel).namelist()
+             if n.startswith("convlab/lab/data/records/")}
+    committed = {p.name for p in records.RECORDS_DIR.glob("*.json")}
+    assert committed and names == committed
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, timeout=120, capture_output=True)
+    code = ("import json, convlab; from convlab.lab import records; "
+            "print(json.dumps([convlab.__file__, str(records.RECORDS_DIR), "
+            "[r.path.name for r in records.load_records()], "
+            "sorted(records.load_manifests())]))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=120,
+                         capture_output=True, text=True, env={**env, "PYTHONPATH": str(site)})
+    module, folder, loaded, manifests = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(module).is_relative_to(site) and Path(folder).is_relative_to(site)
+    assert set(loaded) == {p.name for p in COMMITTED}
+    assert manifests == sorted(p.name.removesuffix(records.MANIFEST_SUFFIX)
+                               for p in records.RECORDS_DIR.glob("*.manifest.json"))

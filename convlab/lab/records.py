@@ -62,7 +62,9 @@ SECTIONS: dict[str, str] = {
     # each claim of the book checked under this setting (optional in older records)
     "claims": "convlab.lab.claims:record_outcomes",
 }
-RECORDS_DIR = Path(__file__).resolve().parents[2] / "book" / "data" / "records"
+# In a checkout convlab/lab/data/records links to book/data/records; an installed package
+# (a wheel, as on Colab) holds a copy of those files there (pyproject's package data).
+RECORDS_DIR = (Path(__file__).parent / "data" / "records").resolve()
 ISA_NAMES: dict[str, str] = {
     "amx": "AMX", "avx512_fp16": "AVX-512-FP16", "avx512_bf16": "AVX-512-BF16",
     "avx512": "AVX-512", "avx2": "AVX2", "sse41": "SSE4.1",

@@ -390,3 +390,25 @@ def test_records_travel_with_an_installed_package(tmp_path):
     assert set(loaded) == {p.name for p in COMMITTED}
     assert manifests == sorted(p.name.removesuffix(records.MANIFEST_SUFFIX)
                                for p in records.RECORDS_DIR.glob("*.manifest.json"))
+
+
+def test_records_store_claim_outcomes_as_a_section(tmp_path):
+    """The runner's ``claims`` section is the claims registry's payload; a record that has
+    it feeds the claims x records matrix, one without it shows "-"."""
+    import importlib
+    import inspect
+
+    from convlab.lab import claims
+
+    module, _, name = records.SECTIONS["claims"].partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    assert fn is claims.record_outcomes and "quick" in inspect.signature(fn).parameters
+    some = claims.CLAIMS[0]
+    stored = {some.id: {"status": claims.HOLDS, "evidence": "e", "detail": {}}}
+    for isa, payload in (("avx2", stored), ("sse41", None)):
+        data = _record(isa, **({"claims": payload} if payload else {}))
+        (tmp_path / f"amd-epyc-x2__{isa}.json").write_text(json.dumps(data))
+    got = records.load_records(tmp_path)
+    headers, rows = claims.matrix(got, some.chapter)
+    row = next(r for r in rows if r[0] == some.id)
+    assert len(headers) == 3 and row[1:] == ["yes", "-"]  # avx2 stored it, sse41 has none

@@ -209,3 +209,31 @@ def test_a_fresh_process_under_the_lowest_setting_reports_it():
                          capture_output=True, text=True, check=True).stdout
     capability, problems = json.loads(out.strip().splitlines()[-1])
     assert capability == "DEFAULT" and problems == []
+
+
+def _sysfs(root, caches):
+    for i, (level, kind, size) in enumerate(caches):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{value}\n")
+    return root
+
+
+@pytest.mark.parametrize(("caches", "sizes", "llc"), [
+    # the Intel fixture's CPU: L2 4 MiB, L3 300 MiB
+    ([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "4096K"),
+      (3, "Unified", "307200K")],
+     {"L1d": 48 * 2**10, "L1i": 32 * 2**10, "L2": 4 * 2**20, "L3": 300 * 2**20}, 300 * 2**20),
+    # the AMD EPYC records' CPU: L3 32 MiB
+    ([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+      (3, "Unified", "32768K")],
+     {"L1d": 2**15, "L1i": 2**15, "L2": 2**20, "L3": 2**25}, 2**25),
+    ([(1, "Data", "32K"), (2, "Unified", "2M")], {"L1d": 2**15, "L2": 2 * 2**20}, 2 * 2**20),
+    ([], {}, None),
+])
+def test_cache_sizes_from_sysfs(tmp_path, caches, sizes, llc):
+    root = _sysfs(tmp_path / "cache", caches)
+    assert machine.cache_sizes(root) == sizes
+    assert machine.last_level_cache(machine.cache_sizes(root)) == llc
+    assert machine.cache_sizes(tmp_path / "missing") == {}

@@ -412,3 +412,21 @@ def test_records_store_claim_outcomes_as_a_section(tmp_path):
     headers, rows = claims.matrix(got, some.chapter)
     row = next(r for r in rows if r[0] == some.id)
     assert len(headers) == 3 and row[1:] == ["yes", "-"]  # avx2 stored it, sse41 has none
+
+
+@pytest.mark.parametrize(("llc", "available", "elements", "over", "capped"), [
+    (300 * 2**20, 64 * 2**30, 300 * 2**20, 4.0, False),  # Intel: 1200 MiB arrays
+    (2**25, 64 * 2**30, 2**25, 4.0, False),  # AMD EPYC, 32 MiB L3: 128 MiB arrays
+    (2**20, 64 * 2**30, 2**24, 64.0, False),  # a small cache: the 64 MiB floor
+    (300 * 2**20, 3 * 2**30, 2**27, 1.71, True),  # not enough memory: the record says so
+    (None, None, 2**24, None, False),  # no sysfs: the floor
+])
+def test_stream_arrays_are_four_times_the_last_level_cache(llc, available, elements, over,
+                                                          capped):
+    from convlab.lab import roofline
+
+    got, sizing = roofline.stream_elements(2**24, llc, 4, available)
+    assert got == elements
+    assert sizing == {"llc_bytes": llc, "array_over_llc": over, "capped_by_memory": capped}
+    assert roofline.stream_elements(2**23, llc, 0, None)[0] == 2**23  # quick: not sized
+    assert roofline.FULL["llc_multiple"] == 4

@@ -130,6 +130,55 @@ def _cpuinfo() -> str:
         return ""
 
 
+CACHE_ROOT = "/sys/devices/system/cpu/cpu0/cache"
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)B?\s*$", re.IGNORECASE)
+
+
+def cache_sizes(root: str | os.PathLike[str] = CACHE_ROOT) -> dict[str, int]:
+    """The first CPU's caches in bytes from sysfs, e.g. ``{"L1d": 32768, "L1i": 32768,
+    "L2": 1048576, "L3": 33554432}`` (empty where sysfs has none)."""
+    found: dict[str, int] = {}
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.startswith("index"):
+            continue
+        try:
+            level, kind, size = (open(os.path.join(entry.path, name)).read().strip()
+                                 for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        match = _SIZE.match(size)
+        if not match or not level.isdigit():
+            continue
+        scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2).upper()]
+        suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
+        found[f"L{level}{suffix}"] = int(match.group(1)) * scale
+    return found
+
+
+def last_level_cache(caches: Mapping[str, int]) -> int | None:
+    """Bytes of the highest-level data or unified cache (None: none known).
+
+    >>> last_level_cache({"L1d": 32768, "L1i": 32768, "L2": 2**20, "L3": 2**25})
+    33554432
+    """
+    data = {k: v for k, v in caches.items() if not k.endswith("i")}
+    return data[max(data, key=lambda k: int(k[1:].rstrip("d")))] if data else None
+
+
+def memory_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            match = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
+
+
 def available_settings(flags: set[str] | None = None) -> list[IsaSetting]:
     """The ISA settings this CPU can offer, widest first (each caps downwards).
 
@@ -318,7 +367,8 @@ def _blas() -> dict[str, object]:
 def fingerprint() -> dict[str, object]:
     """This process's machine and settings, JSON-serialisable (see the module docstring).
 
-    Keys: cpu_model, cores, isa_flags, aten_cpu_capability, onednn_version, onednn_isa
+    Keys: cpu_model, cores, caches (bytes per level, sysfs), isa_flags, aten_cpu_capability,
+    onednn_version, onednn_isa
     (the ``jit:...`` implementation of the convolution backward), onednn_isa_info,
     onednn_implementations (float32), onednn_dtype_implementations (bfloat16/float16 where
     oneDNN takes them), mkldnn_bf16_supported, mkldnn_fp16_supported, blas,
@@ -335,6 +385,7 @@ def fingerprint() -> dict[str, object]:
     return {
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
+        "caches": cache_sizes(),
         "isa_flags": [f for f in ISA_FLAGS if f in flags],
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "onednn_version": onednn.group(1) if onednn else None,

@@ -48,8 +48,12 @@ def test_available_settings_cap_downwards_only():
 
 def test_settings_name_both_libraries():
     for s in machine.ISA_SETTINGS:
-        assert set(s.env) == {"ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"}
+        assert set(s.env) == set(machine.ISA_ENV_VARS) == {
+            "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"}
         assert s.env["ATEN_CPU_CAPABILITY"] in {"default", "avx2", "avx512"}
+    # MKL's levels within each cap (its mkl_enable_instructions reference, oneMKL 2024.2)
+    assert [s.mkl for s in machine.ISA_SETTINGS] == [
+        "AVX512_E4", "AVX512_E3", "AVX512_E3", "AVX512", "AVX2", "SSE4_2"]
     assert machine.ISA_ORDER[-1] == "sse41"
 
 

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from fixtures.cpu_fixtures import fixture_run, intel_fixture
+from fixtures.cpu_fixtures import fixture_run, intel_fixture, setting
 
 from convlab.lab import machine, records
 
@@ -38,7 +38,11 @@ def test_every_committed_record_is_valid(path: Path):
     assert path.name == f"{rec.machine}__{rec.isa}.json"
     assert rec.fingerprint["aten_cpu_capability"] == next(
         s.aten for s in machine.ISA_SETTINGS if s.label == rec.isa)
-    assert rec.env == next(s.env for s in machine.ISA_SETTINGS if s.label == rec.isa)
+    env = next(s.env for s in machine.ISA_SETTINGS if s.label == rec.isa)
+    # records taken before settings capped MKL lack its variable, and say so
+    assert rec.env in (env, {k: v for k, v in env.items() if k != "MKL_ENABLE_INSTRUCTIONS"})
+    assert rec.mkl_capped is (rec.mkl_cap["changed"] if "MKL_ENABLE_INSTRUCTIONS" in rec.env
+                              else False)
     for name, section in rec.sections.items():
         assert name in records.SECTIONS
         assert isinstance(section, dict)
@@ -265,22 +269,25 @@ def test_runner_writes_a_checked_record_or_a_reason_per_setting(tmp_path):
     got = {r.isa: r for r in records.load_records(tmp_path / "out")}
     skipped = records.load_manifests(tmp_path / "out").get(machine.machine_slug(), {})
     assert got, "no setting could be verified on this CPU"
-    for setting in settings:
-        assert (setting.label in got) != (setting.label in skipped), setting.label
-        if setting.label in skipped:
-            assert "cannot verify" in skipped[setting.label] or "above" in skipped[
-                setting.label] or "ATen reports" in skipped[setting.label]
+    for isa in settings:
+        assert (isa.label in got) != (isa.label in skipped), isa.label
+        if isa.label in skipped:
+            assert "cannot verify" in skipped[isa.label] or "above" in skipped[
+                isa.label] or "ATen reports" in skipped[isa.label]
             continue
-        rec = got[setting.label]
-        assert rec.env == setting.env and rec.quick is True
-        assert rec.sections["fake"]["capability"] == setting.aten
+        rec = got[isa.label]
+        assert rec.env == isa.env and rec.quick is True
+        assert rec.sections["fake"]["capability"] == isa.aten
         assert rec.sections["fake"]["nan"] is None  # NaN stored as null
         assert rec.sections["bad"] == {"error": "RuntimeError: broken"}
-        assert machine.check_setting(setting, rec.fingerprint) == []
+        assert machine.check_setting(isa, rec.fingerprint) == []
+        assert rec.mkl_cap["env"] == isa.mkl and rec.mkl_capped in (True, False, None)
 
 
 def _intel_cpu() -> dict:
-    runs = {s.onednn: fixture_run("intel", s.label) for s in machine.ISA_SETTINGS}
+    runs = {s.onednn: {**fixture_run("intel", s.label), "blas": {
+        "mkl_version": "2024.2", "mkl_path": f"fixture path under {s.onednn}"}}
+        for s in machine.ISA_SETTINGS}
     return {"model": "Intel(R) Xeon(R) Processor", "flags": sorted(intel_fixture()["flags"]),
             "runs": runs}
 
@@ -297,6 +304,9 @@ def test_runner_on_the_intel_fixture_skips_the_caps_it_cannot_verify(tmp_path):
                                      "avx512_core_amx was seen (highest: jit:avx512_core)")
     for rec in records.load_records(out):
         assert rec.sections["fake"]["cap"] == rec.env["ONEDNN_MAX_CPU_ISA"]
+        # the fixture's MKL announces a path per cap, unlike this process's MKL
+        assert rec.mkl_cap["env"] == setting(rec.isa).mkl and rec.mkl_capped is True
+        assert rec.mkl_cap["path"] == f"fixture path under {rec.env['ONEDNN_MAX_CPU_ISA']}"
     # a later run that verifies a setting clears its reason; a rerun merges
     cpu = _intel_cpu()
     cpu["runs"]["AVX512_CORE_AMX"]["onednn_dtype_implementations"] = {
@@ -430,3 +440,17 @@ def test_stream_arrays_are_four_times_the_last_level_cache(llc, available, eleme
     assert sizing == {"llc_bytes": llc, "array_over_llc": over, "capped_by_memory": capped}
     assert roofline.stream_elements(2**23, llc, 0, None)[0] == 2**23  # quick: not sized
     assert roofline.FULL["llc_multiple"] == 4
+
+
+def test_mkl_cap_says_whether_mkl_took_the_cap():
+    avx2 = setting("avx2")
+    fp = {"blas": {"mkl_path": "Intel(R) AVX2 enabled processors"}}
+    assert records.mkl_cap(avx2, fp, "Intel(R) AVX-512 ...") == {
+        "env": "AVX2", "path": "Intel(R) AVX2 enabled processors",
+        "default_path": "Intel(R) AVX-512 ...", "changed": True}
+    generic = {"blas": {"mkl_path": "Intel(R) Architecture processors"}}  # MKL on AMD
+    assert records.mkl_cap(avx2, generic, "Intel(R) Architecture processors")["changed"] is False
+    assert records.mkl_cap(avx2, {"blas": {}}, None)["changed"] is None  # no MKL
+    data = _record()
+    data["mkl_cap"] = {"env": "AVX2", "path": None}
+    assert any("'mkl_cap' must be an object" in p for p in records.validate(data))

@@ -32,7 +32,8 @@ ISA_FLAGS: tuple[str, ...] = (
     "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
     "amx_bf16", "amx_int8", "amx_fp16",
 )
-ISA_ENV_VARS: tuple[str, ...] = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+ISA_ENV_VARS: tuple[str, ...] = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+                                  "MKL_ENABLE_INSTRUCTIONS")
 
 
 # oneDNN's instruction-set names as its implementation strings spell them (``jit:avx2``,
@@ -70,7 +71,10 @@ class IsaSetting:
     ``needs``: cpuinfo flags the CPU must have; ``aten``: the value
     ``torch.backends.cpu.get_cpu_capability()`` must then report; ``onednn_isa``: the
     oneDNN instruction set the cap names (a key of ``ONEDNN_ISA_RANK``), which the
-    implementations oneDNN runs under the cap must reach and not exceed.
+    implementations oneDNN runs under the cap must reach and not exceed; ``mkl``: the
+    widest ``MKL_ENABLE_INSTRUCTIONS`` level within the cap (MKL has no level for
+    AVX512-FP16 without AMX, nor one below SSE4.2, and honours the variable on Intel CPUs
+    only, so a record stores whether MKL's announced code path changed under it).
     """
 
     label: str
@@ -79,10 +83,12 @@ class IsaSetting:
     aten: str
     onednn_isa: str
     needs: tuple[str, ...]
+    mkl: str = ""
 
     @property
     def env(self) -> dict[str, str]:
-        return {"ONEDNN_MAX_CPU_ISA": self.onednn, "ATEN_CPU_CAPABILITY": self.aten_env}
+        env = {"ONEDNN_MAX_CPU_ISA": self.onednn, "ATEN_CPU_CAPABILITY": self.aten_env}
+        return {**env, "MKL_ENABLE_INSTRUCTIONS": self.mkl} if self.mkl else env
 
     @property
     def rank(self) -> int:
@@ -94,15 +100,16 @@ class IsaSetting:
 # oneDNN, so only settings whose flags the CPU has are offered.
 ISA_SETTINGS: tuple[IsaSetting, ...] = (
     IsaSetting("amx", "AVX512_CORE_AMX", "avx512", "AVX512", "avx512_core_amx",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16")),
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16"),
+               "AVX512_E4"),
     IsaSetting("avx512_fp16", "AVX512_CORE_FP16", "avx512", "AVX512", "avx512_core_fp16",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_fp16")),
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_fp16"), "AVX512_E3"),
     IsaSetting("avx512_bf16", "AVX512_CORE_BF16", "avx512", "AVX512", "avx512_core_bf16",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"), "AVX512_E3"),
     IsaSetting("avx512", "AVX512_CORE", "avx512", "AVX512", "avx512_core",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
-    IsaSetting("avx2", "AVX2", "avx2", "AVX2", "avx2", ("avx2", "fma")),
-    IsaSetting("sse41", "SSE41", "default", "DEFAULT", "sse41", ("sse4_1",)),
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "AVX512"),
+    IsaSetting("avx2", "AVX2", "avx2", "AVX2", "avx2", ("avx2", "fma"), "AVX2"),
+    IsaSetting("sse41", "SSE41", "default", "DEFAULT", "sse41", ("sse4_1",), "SSE4_2"),
 )
 ISA_ORDER: tuple[str, ...] = tuple(s.label for s in ISA_SETTINGS)
 

@@ -4,9 +4,10 @@ writes them (``make records``, i.e. ``python -m convlab.lab.records``).
 For each ISA setting this CPU can offer (:func:`convlab.lab.machine.available_settings`:
 capping downwards only, e.g. avx2 and sse41 on an AVX2 CPU; avx512, avx2 and sse41 on an
 AVX-512 one, plus avx512_bf16/avx512_fp16/amx where the CPU has them) the command starts a
-fresh Python process with ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` set, checks in
-it that both caps took effect (ATen's reported capability and oneDNN's ``isa:`` verbose
-line; :func:`convlab.lab.machine.check_setting`), runs every section of ``SECTIONS``
+fresh Python process with ``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY`` and
+``MKL_ENABLE_INSTRUCTIONS`` set, checks in it that the caps took effect (ATen's reported
+capability and the instruction sets of the oneDNN kernels that ran;
+:func:`convlab.lab.machine.check_setting`), runs every section of ``SECTIONS``
 and writes ``book/data/records/<machine-slug>__<isa>.json``. Records of other machines in
 that folder are left alone, so a record from another machine is added by running the same
 command there. A section that raises is stored as ``{"error": "..."}``.
@@ -16,7 +17,11 @@ Record JSON (schema 1)::
     {"schema": 1, "isa": "avx2", "env": {...}, "created": "...Z", "quick": false,
      "load": {"before": [1m, 5m, 15m], "after": [...]},
      "fingerprint": {...}, "sections": {"<name>": {...} | {"error": "<one line>"}},
-     "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false}}}
+     "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false}},
+     "mkl_cap": {"env": "AVX2", "path": "...", "default_path": "...", "changed": true}}
+
+``section_meta`` and ``mkl_cap`` are optional (older records lack them; such a record's
+setting did not cap MKL).
 
 A setting the runner offers but could not verify on a machine (its cap was not observed
 to take effect) is not measured; the runner writes why into that machine's manifest,
@@ -74,6 +79,7 @@ REQUIRED: dict[str, type | tuple[type, ...]] = {
     "fingerprint": dict, "sections": dict,
 }
 MANIFEST_SUFFIX = ".manifest.json"
+MKL_CAP_KEYS: tuple[str, ...] = ("env", "path", "default_path", "changed")
 FINGERPRINT_KEYS: tuple[str, ...] = (
     "cpu_model", "cores", "isa_flags", "aten_cpu_capability", "onednn_version", "onednn_isa",
     "mkldnn_bf16_supported", "mkldnn_fp16_supported", "blas", "threads", "torch_version",
@@ -94,6 +100,16 @@ class Record:
     fingerprint: Mapping[str, Any]
     sections: Mapping[str, Any]
     section_meta: Mapping[str, Any] = field(default_factory=dict)
+    mkl_cap: Mapping[str, Any] | None = None
+
+    @property
+    def mkl_capped(self) -> bool | None:
+        """Whether this setting capped MKL too: True where MKL's announced path changed
+        under ``MKL_ENABLE_INSTRUCTIONS``, False where it did not or the record's run did
+        not set it, None where there is no MKL."""
+        if "MKL_ENABLE_INSTRUCTIONS" not in self.env:
+            return False
+        return None if self.mkl_cap is None else self.mkl_cap.get("changed")
 
     @property
     def machine(self) -> str:
@@ -193,6 +209,11 @@ def validate(data: object) -> list[str]:
     for name, meta in data.get("section_meta", {}).items():
         if not isinstance(meta, dict):
             problems.append(f"section_meta[{name!r}] must be an object")
+    cap = data.get("mkl_cap")
+    if cap is not None and not (isinstance(cap, dict) and set(cap) == set(MKL_CAP_KEYS)
+                                and _is(cap["changed"], (bool, type(None)))):
+        problems.append(f"'mkl_cap' must be an object with {', '.join(MKL_CAP_KEYS)} "
+                        "(changed: true, false or null)")
     if "claims" in data["sections"] and "error" not in data["sections"]["claims"]:
         problems += _claims_problems(data["sections"]["claims"])
     try:
@@ -221,7 +242,8 @@ def read_record(path: str | os.PathLike[str]) -> Record:
         raise ValueError(f"{path}: invalid record: {'; '.join(problems)}")
     return Record(path=path, isa=data["isa"], env=data["env"], created=data["created"],
                   quick=data["quick"], load=data["load"], fingerprint=data["fingerprint"],
-                  sections=data["sections"], section_meta=data.get("section_meta", {}))
+                  sections=data["sections"], section_meta=data.get("section_meta", {}),
+                  mkl_cap=data.get("mkl_cap"))
 
 
 def _refuse_constant(name: str) -> float:
@@ -472,6 +494,7 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
           f"sections {', '.join(sections)}{' (quick)' if quick else ''}", flush=True)
     status = 0
     start = time.perf_counter()
+    default_mkl_path = machine.mkl_probe()  # this process: no cap of this run's settings
     for setting in settings:
         target = record_path(setting.label, folder, slug)
         old, old_problem = _old_record(target, slug, setting.label)
@@ -496,6 +519,7 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
                 status = 1
                 continue
             new = json.loads(out.read_text())
+        new["mkl_cap"] = mkl_cap(setting, new["fingerprint"], default_mkl_path)
         written = _write_merged(target, old, old_problem, new)
         status = max(status, 0 if written == target else 1)
         note_skipped(slug, setting.label, None, folder)
@@ -504,6 +528,16 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
                                              if errors else ""), flush=True)
     print(f"records: done in {time.perf_counter() - start:.0f} s", flush=True)
     return status
+
+
+def mkl_cap(setting: machine.IsaSetting, fp: Mapping[str, Any],
+            default_path: str | None) -> dict[str, Any]:
+    """Whether the setting's ``MKL_ENABLE_INSTRUCTIONS`` changed the code path MKL announced
+    (``changed``: None without MKL). MKL honours the variable on Intel CPUs only."""
+    path = (fp.get("blas") or {}).get("mkl_path")
+    changed = None if path is None or default_path is None else path != default_path
+    return {"env": setting.mkl or None, "path": path, "default_path": default_path,
+            "changed": changed}
 
 
 def _write_merged(target: Path, old: dict[str, Any] | None, old_problem: str,

@@ -370,7 +370,12 @@ def test_records_travel_with_an_installed_package(tmp_path):
     import shutil
     import zipfile
 
-    root = Path(records.__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[1]
+    package = Path(records.__file__).resolve().parents[2]
+    if package != root:  # the tests run against an installed convlab (as `make compat` does)
+        assert records.RECORDS_DIR.is_relative_to(package)
+        assert records.load_records() and not (root / "convlab").exists()
+        return
     src = tmp_path / "src"
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "build")
     shutil.copytree(root / "convlab", src / "convlab", symlinks=True, ignore=ignore)

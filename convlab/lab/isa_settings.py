@@ -101,7 +101,6 @@ ISA_SETTINGS: tuple[IsaSetting, ...] = (
 ISA_ORDER: tuple[str, ...] = tuple(s.label for s in ISA_SETTINGS)
 
 
-
 def available_settings(flags: set[str] | None = None) -> list[IsaSetting]:
     """The ISA settings this CPU can offer, widest first (each caps downwards).
 

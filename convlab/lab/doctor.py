@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from convlab.aten import backends
-from convlab.lab import bench, machine, paths
+from convlab.lab import bench, isa_settings, machine, paths
 from convlab.lab.paths import CASES, Layer, NotApplicable
 from convlab.scratch import reference
 
@@ -261,12 +261,15 @@ def fingerprint_lines() -> list[str]:
     if isinstance(numpy_blas, list):
         numpy_blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['architecture']}, "
                                f"{b['num_threads']} threads)" for b in numpy_blas) or "none"
-    settings = ", ".join(s.label for s in machine.available_settings()) or "none"
+    settings = ", ".join(s.label for s in isa_settings.available_settings()) or "none"
     return [
         machine.fingerprint_line(fp),
         f"CPU flags: {' '.join(fp['isa_flags']) or '(none read)'}",
-        f"ISA settings `make records` measures here: {settings}",
+        f"ISA settings `make records` measures here: {settings} (each where its cap "
+        "is observed)",
         f"oneDNN implementations: {fp['onednn_implementations'] or 'none'}",
+        f"oneDNN bf16/fp16 implementations: {fp.get('onednn_dtype_implementations') or 'none'}",
+        f"MKL code path: {blas.get('mkl_path') or 'none'}",
         f"oneDNN bf16/fp16 supported: {fp['mkldnn_bf16_supported']}/"
         f"{fp['mkldnn_fp16_supported']}",
         f"NumPy BLAS: {numpy_blas}",

@@ -6,7 +6,8 @@ way a user would check them by hand (``ONEDNN_VERBOSE=1``, ``MKL_VERBOSE=1``): o
 convolution forward and backward and one small ``torch.mm`` run with verbose output on,
 and the lines they print are parsed. Both libraries fix their instruction set at start-up
 (``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` cap it downwards), so a fresh process
-is needed to see another one (``ISA_SETTINGS``, used by :mod:`convlab.lab.records`).
+is needed to see another one (the settings of :mod:`convlab.lab.isa_settings`, run by
+:mod:`convlab.lab.records`).
 
 >>> fp = fingerprint()                                      # doctest: +SKIP
 >>> fingerprint_line(fp)                                    # doctest: +SKIP
@@ -22,7 +23,6 @@ import re
 import sys
 import tempfile
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 
 import torch
 
@@ -32,47 +32,8 @@ ISA_FLAGS: tuple[str, ...] = (
     "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
     "amx_bf16", "amx_int8", "amx_fp16",
 )
-ISA_ENV_VARS: tuple[str, ...] = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
-
-
-@dataclass(frozen=True)
-class IsaSetting:
-    """One instruction-set cap: the environment of a fresh process and how to check it.
-
-    ``needs``: cpuinfo flags the CPU must have; ``aten``: the value
-    ``torch.backends.cpu.get_cpu_capability()`` must then report; ``onednn_marker``: a
-    word oneDNN's ``isa:`` verbose line must contain (its description of the cap).
-    """
-
-    label: str
-    onednn: str
-    aten_env: str
-    aten: str
-    onednn_marker: str
-    needs: tuple[str, ...]
-
-    @property
-    def env(self) -> dict[str, str]:
-        return {"ONEDNN_MAX_CPU_ISA": self.onednn, "ATEN_CPU_CAPABILITY": self.aten_env}
-
-
-# Widest first. Each one caps both libraries; a cap above the CPU is silently ignored by
-# oneDNN, so only settings whose flags the CPU has are offered. The markers are words of
-# oneDNN's own description of each cap (its dispatcher-control documentation), as its
-# verbose ``isa:`` line prints it.
-ISA_SETTINGS: tuple[IsaSetting, ...] = (
-    IsaSetting("amx", "AVX512_CORE_AMX", "avx512", "AVX512", "AMX",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16")),
-    IsaSetting("avx512_fp16", "AVX512_CORE_FP16", "avx512", "AVX512", "with float16",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_fp16")),
-    IsaSetting("avx512_bf16", "AVX512_CORE_BF16", "avx512", "AVX512", "bfloat16",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
-    IsaSetting("avx512", "AVX512_CORE", "avx512", "AVX512", "AVX512BW",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
-    IsaSetting("avx2", "AVX2", "avx2", "AVX2", "AVX2", ("avx2", "fma")),
-    IsaSetting("sse41", "SSE41", "default", "DEFAULT", "SSE4.1", ("sse4_1",)),
-)
-ISA_ORDER: tuple[str, ...] = tuple(s.label for s in ISA_SETTINGS)
+ISA_ENV_VARS: tuple[str, ...] = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+                                  "MKL_ENABLE_INSTRUCTIONS")
 
 
 def cpu_model() -> str:
@@ -98,17 +59,54 @@ def _cpuinfo() -> str:
         return ""
 
 
-def available_settings(flags: set[str] | None = None) -> list[IsaSetting]:
-    """The ISA settings this CPU can offer, widest first (each caps downwards).
+CACHE_ROOT = "/sys/devices/system/cpu/cpu0/cache"
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)B?\s*$", re.IGNORECASE)
 
-    ``avx512_bf16``/``avx512_fp16``/``amx`` appear only when their flags are present, so
-    an AVX-512 CPU without them gives avx512, avx2 and sse41.
 
-    >>> [s.label for s in available_settings({"sse4_1", "avx2", "fma"})]
-    ['avx2', 'sse41']
+def cache_sizes(root: str | os.PathLike[str] = CACHE_ROOT) -> dict[str, int]:
+    """The first CPU's caches in bytes from sysfs, e.g. ``{"L1d": 32768, "L1i": 32768,
+    "L2": 1048576, "L3": 33554432}`` (empty where sysfs has none)."""
+    found: dict[str, int] = {}
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.startswith("index"):
+            continue
+        try:
+            level, kind, size = (open(os.path.join(entry.path, name)).read().strip()
+                                 for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        match = _SIZE.match(size)
+        if not match or not level.isdigit():
+            continue
+        scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2).upper()]
+        suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
+        found[f"L{level}{suffix}"] = int(match.group(1)) * scale
+    return found
+
+
+def last_level_cache(caches: Mapping[str, int]) -> int | None:
+    """Bytes of the highest-level data or unified cache (None: none known).
+
+    >>> caches = {"L1d": 2**15, "L1i": 2**15, "L2": 2**20, "L3": 2**25}
+    >>> last_level_cache(caches) == 2**25
+    True
     """
-    flags = cpu_flags() if flags is None else flags
-    return [s for s in ISA_SETTINGS if all(f in flags for f in s.needs)]
+    data = {k: v for k, v in caches.items() if not k.endswith("i")}
+    return data[max(data, key=lambda k: int(k[1:].rstrip("d")))] if data else None
+
+
+def memory_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            match = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
 
 
 def machine_slug(model: str | None = None, cores: int | None = None) -> str:
@@ -161,7 +159,9 @@ def parse_onednn_verbose(text: str) -> dict[str, object]:
 
 def parse_mkl_verbose(text: str) -> str | None:
     """The code path MKL announces in its verbose header (e.g. "Intel(R) AVX2 enabled
-    processors", or "Intel(R) Architecture processors" for its generic path).
+    processors", or "Intel(R) Architecture processors" for its generic path), whole: it
+    runs up to the operating-system field (``, Lnx ...``) and may itself hold commas
+    ("... with support for INT8, BF16, FP16 ...").
 
     >>> header = ("MKL_VERBOSE oneMKL 2024.0 Product build 20240605 for"
     ...           " Intel(R) 64 architecture Intel(R) Architecture"
@@ -169,8 +169,9 @@ def parse_mkl_verbose(text: str) -> str | None:
     >>> parse_mkl_verbose(header)
     'Intel(R) Architecture processors'
     """
-    match = re.search(r"MKL_VERBOSE .*? 64 architecture (.+?)(?:,|$)", text, re.MULTILINE)
-    return match.group(1).strip() if match else None
+    match = re.search(r"MKL_VERBOSE .*? 64 architecture (.+?)"
+                      r"(?:,\s*(?:Lnx|Win|Mac|OSX)\b[^\n]*)?$", text, re.MULTILINE)
+    return match.group(1).strip().rstrip(",") if match else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -210,16 +211,30 @@ _NO_SUBPROCESS = "CONVLAB_MACHINE_PROBE_CHILD"
 
 def _onednn_probe_here() -> dict[str, object]:
     if not torch.backends.mkldnn.is_available():
-        return {"isa_info": None, "implementations": {}}
+        return {"isa_info": None, "implementations": {}, "dtype_implementations": {}}
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 16, 12, 12, generator=gen).requires_grad_()
-    w = torch.randn(16, 16, 3, 3, generator=gen).requires_grad_()
+    x = torch.randn(2, 16, 12, 12, generator=gen)
+    w = torch.randn(16, 16, 3, 3, generator=gen)
 
-    def run() -> None:
-        with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-            torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+    def conv(dtype: torch.dtype) -> Callable[[], None]:
+        def run() -> None:
+            xx, ww = x.to(dtype).requires_grad_(), w.to(dtype).requires_grad_()
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                torch.nn.functional.conv2d(xx, ww, padding=1).sum().backward()
+        return run
 
-    return parse_onednn_verbose(capture_stdout(run))
+    found = parse_onednn_verbose(capture_stdout(conv(torch.float32)))
+    # The reduced-precision kernels are where the bf16/fp16/AMX caps show: ATen routes
+    # these dtypes to oneDNN only where it reports support for them.
+    by_dtype: dict[str, dict[str, str]] = {}
+    for name, dtype, query in (("bfloat16", torch.bfloat16, "_is_mkldnn_bf16_supported"),
+                               ("float16", torch.float16, "_is_mkldnn_fp16_supported")):
+        if _supported(query):
+            impls = parse_onednn_verbose(capture_stdout(conv(dtype)))["implementations"]
+            if impls:
+                by_dtype[name] = impls  # type: ignore[assignment]
+    found["dtype_implementations"] = by_dtype
+    return found
 
 
 @functools.lru_cache(maxsize=1)
@@ -269,9 +284,11 @@ def _blas() -> dict[str, object]:
 def fingerprint() -> dict[str, object]:
     """This process's machine and settings, JSON-serialisable (see the module docstring).
 
-    Keys: cpu_model, cores, isa_flags, aten_cpu_capability, onednn_version, onednn_isa
+    Keys: cpu_model, cores, caches (bytes per level, sysfs), isa_flags, aten_cpu_capability,
+    onednn_version, onednn_isa
     (the ``jit:...`` implementation of the convolution backward), onednn_isa_info,
-    onednn_implementations, mkldnn_bf16_supported, mkldnn_fp16_supported, blas,
+    onednn_implementations (float32), onednn_dtype_implementations (bfloat16/float16 where
+    oneDNN takes them), mkldnn_bf16_supported, mkldnn_fp16_supported, blas,
     threads, interop_threads, torch_version, torch_build, python, platform, isa_env.
     """
     flags = cpu_flags()
@@ -285,12 +302,14 @@ def fingerprint() -> dict[str, object]:
     return {
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
+        "caches": cache_sizes(),
         "isa_flags": [f for f in ISA_FLAGS if f in flags],
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "onednn_version": onednn.group(1) if onednn else None,
         "onednn_isa": onednn_isa,
         "onednn_isa_info": probe["isa_info"],
         "onednn_implementations": dict(impls),
+        "onednn_dtype_implementations": dict(probe.get("dtype_implementations") or {}),
         "mkldnn_bf16_supported": _supported("_is_mkldnn_bf16_supported"),
         "mkldnn_fp16_supported": _supported("_is_mkldnn_fp16_supported"),
         "blas": _blas(),
@@ -351,21 +370,6 @@ def fingerprint_line(fp: Mapping[str, object]) -> str:
     return (f"{short_model(str(fp.get('cpu_model')))} x{fp.get('cores')}: ATen "
             f"{fp.get('aten_cpu_capability')}, {onednn}, {blas_text}, {fp.get('threads')} "
             f"threads, torch {fp.get('torch_version')}")
-
-
-def check_setting(setting: IsaSetting, fp: Mapping[str, object]) -> list[str]:
-    """Why the fingerprint of a process started with ``setting.env`` shows that the cap did
-    not take effect (empty list: it did)."""
-    problems = []
-    if fp.get("aten_cpu_capability") != setting.aten:
-        problems.append(f"ATen reports {fp.get('aten_cpu_capability')!r}, expected "
-                        f"{setting.aten!r}")
-    info = fp.get("onednn_isa_info")
-    if torch.backends.mkldnn.is_available() and (
-            not isinstance(info, str) or setting.onednn_marker not in info):
-        problems.append(f"oneDNN reports isa {info!r}, expected one with "
-                        f"{setting.onednn_marker!r}")
-    return problems
 
 
 def main() -> int:

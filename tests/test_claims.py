@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from convlab.cli import main as cli_main
-from convlab.lab import claims
-from convlab.lab.claims import bits, core, probe
+from convlab.lab import claims, timing
+from convlab.lab.claims import bits, core, cuda, probe, subnormal
 
 ID = re.compile(r"^(intro|ch(1[0-3]|[1-9]))_[a-z0-9_]+$")
 
@@ -65,7 +65,8 @@ def test_every_check_returns_a_valid_outcome_under_the_low_isa() -> None:
 def test_cuda_claims_cannot_run_without_cuda(outcomes: list[claims.Outcome]) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the CUDA claims really run")
-    cuda_ids = {c.id for c in claims.CLAIMS if "cuda" in c.condition.lower()}
+    cuda_ids = {c.id for c in cuda.CLAIMS}
+    assert cuda_ids and cuda_ids <= {c.id for c in claims.CLAIMS}
     for o in outcomes:
         if o.claim_id in cuda_ids:
             assert o.status == claims.CANNOT, o
@@ -122,6 +123,22 @@ def test_a_check_made_to_fail_is_reported_as_failing(monkeypatch: pytest.MonkeyP
                                          for t in (1, 2)})
     [out] = claims.evaluate(ids=["ch10_slow_bits_across_threads"])
     assert out.status == claims.HOLDS
+
+
+def test_flush_claim_reads_the_timing_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    slower, same = timing.verdict_of([2.0] * 7, 0.1), timing.verdict_of([1.0] * 7, 0.1)
+    cases = [({"slow subnormal": slower, "slow flushed": same}, claims.HOLDS),
+             ({"slow subnormal": slower, "slow flushed": slower}, claims.FAILS),
+             ({"slow subnormal": same, "slow flushed": same}, claims.CANNOT)]
+    for found, status in cases:
+        monkeypatch.setattr(subnormal, "measure",
+                            lambda found=found: {"band": 0.1, "can_flush": True, **found})
+        [out] = claims.evaluate(ids=["ch3_flush_denormal_removes_penalty"])
+        assert out.status == status, (found, out)
+    monkeypatch.setattr(subnormal, "measure",
+                        lambda: {"band": 0.1, "can_flush": True, "slow subnormal": slower})
+    [out] = claims.evaluate(ids=["ch3_subnormal_slows_slow2d"])
+    assert out.status == claims.HOLDS and "x2.00" in out.evidence
 
 
 def test_report_is_phone_width_and_names_what_does_not_hold(

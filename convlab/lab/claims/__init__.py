@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from convlab.lab.claims import bits, routing
+from convlab.lab.claims import bits, cuda, memory, onednn, perf, routing, subnormal
 from convlab.lab.claims.core import (
     CANNOT,
     CHAPTERS,
@@ -30,6 +30,7 @@ from convlab.lab.claims.core import (
     agreeing,
     check_chapter,
     flags,
+    fresh,
     matrix_rows,
     report_text,
     run,
@@ -41,7 +42,8 @@ __all__ = [
     "agreeing", "chapters", "evaluate", "flags", "matrix", "record_outcomes", "report",
 ]
 
-CLAIMS: tuple[Claim, ...] = routing.CLAIMS + bits.CLAIMS
+CLAIMS: tuple[Claim, ...] = (routing.CLAIMS + subnormal.CLAIMS + onednn.CLAIMS + perf.CLAIMS
+                             + memory.CLAIMS + bits.CLAIMS + cuda.CLAIMS)
 
 
 def chapters() -> list[int | str]:
@@ -56,7 +58,12 @@ def evaluate(chapter: int | str | None = None, ids: Iterable[str] | None = None
     order. Each check runs with the process flags kept (threads, backend flags, denormal
     flush, deterministic mode, torch's RNG); one that raises gives ``cannot run here`` with
     the error as evidence. Raises ValueError for an unknown chapter or id."""
-    return [run(c) for c in select(CLAIMS, chapter, ids)]
+    chosen = select(CLAIMS, chapter, ids)
+    fresh()
+    try:
+        return [run(c) for c in chosen]
+    finally:
+        fresh()
 
 
 def report(chapter: int | str) -> str:

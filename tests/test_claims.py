@@ -20,15 +20,15 @@ ID = re.compile(r"^(intro|ch(1[0-3]|[1-9]))_[a-z0-9_]+$")
 
 
 @pytest.fixture(scope="module")
-def outcomes() -> list[claims.Outcome]:
-    before = claims.flags()
+def outcomes() -> list[core.Outcome]:
+    before = core.flags()
     found = claims.evaluate()
-    assert claims.flags() == before, "evaluate changed a process flag"
+    assert core.flags() == before, "evaluate changed a process flag"
     return found
 
 
-def fake(cid: str, status: str, chapter: int | str = 3) -> claims.Claim:
-    return claims.Claim(cid, chapter, f"sentence of {cid}", "a condition",
+def fake(cid: str, status: str, chapter: int | str = 3) -> core.Claim:
+    return core.Claim(cid, chapter, f"sentence of {cid}", "a condition",
                         lambda: core.Outcome("", status, f"evidence of {cid}", {"n": 1}))
 
 
@@ -42,10 +42,10 @@ def test_rows_are_well_formed() -> None:
         assert c.sentence.strip() and c.condition.strip() and callable(c.check)
 
 
-def test_every_check_returns_a_valid_outcome_here(outcomes: list[claims.Outcome]) -> None:
+def test_every_check_returns_a_valid_outcome_here(outcomes: list[core.Outcome]) -> None:
     assert [o.claim_id for o in outcomes] == [c.id for c in claims.CLAIMS]
     for o in outcomes:
-        assert o.status in claims.STATUSES
+        assert o.status in core.STATUSES
         assert o.evidence.strip(), o.claim_id
         json.dumps(o.detail, allow_nan=True)
         assert not o.evidence.startswith("check raised"), (o.claim_id, o.evidence)
@@ -57,23 +57,23 @@ def test_every_check_returns_a_valid_outcome_under_the_low_isa() -> None:
     got = probe.child_json(code, probe.LOW_ISA_ENV)
     assert list(got) == [c.id for c in claims.CLAIMS]
     for cid, out in got.items():
-        assert out["status"] in claims.STATUSES, cid
+        assert out["status"] in core.STATUSES, cid
         assert out["evidence"].strip() and isinstance(out["detail"], dict), cid
         assert not out["evidence"].startswith("check raised"), (cid, out["evidence"])
 
 
-def test_cuda_claims_cannot_run_without_cuda(outcomes: list[claims.Outcome]) -> None:
+def test_cuda_claims_cannot_run_without_cuda(outcomes: list[core.Outcome]) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the CUDA claims really run")
     cuda_ids = {c.id for c in cuda.CLAIMS}
     assert cuda_ids and cuda_ids <= {c.id for c in claims.CLAIMS}
     for o in outcomes:
         if o.claim_id in cuda_ids:
-            assert o.status == claims.CANNOT, o
+            assert o.status == core.CANNOT, o
 
 
 def test_a_check_that_changes_flags_is_undone(monkeypatch: pytest.MonkeyPatch) -> None:
-    def rogue() -> claims.Outcome:
+    def rogue() -> core.Outcome:
         torch.set_num_threads(torch.get_num_threads() + 1)
         torch.backends.mkldnn.enabled = not torch.backends.mkldnn.enabled
         torch._C._set_nnpack_enabled(not torch._C._get_nnpack_enabled())
@@ -83,24 +83,24 @@ def test_a_check_that_changes_flags_is_undone(monkeypatch: pytest.MonkeyPatch) -
         torch.rand(3)
         raise RuntimeError("left everything changed")
 
-    monkeypatch.setattr(claims, "CLAIMS", (claims.Claim("ch3_rogue", 3, "s", "c", rogue),))
-    before, rng = claims.flags(), torch.random.get_rng_state()
+    monkeypatch.setattr(claims, "CLAIMS", (core.Claim("ch3_rogue", 3, "s", "c", rogue),))
+    before, rng = core.flags(), torch.random.get_rng_state()
     [out] = claims.evaluate()
-    assert claims.flags() == before
+    assert core.flags() == before
     assert torch.equal(torch.random.get_rng_state(), rng)
-    assert out.status == claims.CANNOT and "RuntimeError: left everything" in out.evidence
+    assert out.status == core.CANNOT and "RuntimeError: left everything" in out.evidence
 
 
 def test_a_raising_check_does_not_stop_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
-    def broken() -> claims.Outcome:
+    def broken() -> core.Outcome:
         raise ZeroDivisionError("boom")
 
-    table = (fake("ch3_a", claims.HOLDS), claims.Claim("ch3_b", 3, "s", "c", broken),
-             fake("ch3_c", claims.FAILS))
+    table = (fake("ch3_a", core.HOLDS), core.Claim("ch3_b", 3, "s", "c", broken),
+             fake("ch3_c", core.FAILS))
     monkeypatch.setattr(claims, "CLAIMS", table)
     got = claims.evaluate(3)
     assert [(o.claim_id, o.status) for o in got] == [
-        ("ch3_a", claims.HOLDS), ("ch3_b", claims.CANNOT), ("ch3_c", claims.FAILS)]
+        ("ch3_a", core.HOLDS), ("ch3_b", core.CANNOT), ("ch3_c", core.FAILS)]
     assert "ZeroDivisionError: boom" in got[1].evidence
 
 
@@ -115,21 +115,21 @@ def test_a_check_made_to_fail_is_reported_as_failing(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(bits, "grads_at_threads", perturbed)
     [out] = claims.evaluate(ids=["ch10_slow_bits_across_threads"])
-    assert out.status == claims.FAILS and out.detail["changed"] == ["grad_weight"]
+    assert out.status == core.FAILS and out.detail["changed"] == ["grad_weight"]
 
     monkeypatch.setattr(bits, "grads_at_threads",
                         lambda *a, **k: {t: real("slow", {"x": (1, 3, 8, 8),
                                                           "w": (4, 3, 3, 3)}, (1,))[1]
                                          for t in (1, 2)})
     [out] = claims.evaluate(ids=["ch10_slow_bits_across_threads"])
-    assert out.status == claims.HOLDS
+    assert out.status == core.HOLDS
 
 
 def test_flush_claim_reads_the_timing_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
     slower, same = timing.verdict_of([2.0] * 7, 0.1), timing.verdict_of([1.0] * 7, 0.1)
-    cases = [({"slow subnormal": slower, "slow flushed": same}, claims.HOLDS),
-             ({"slow subnormal": slower, "slow flushed": slower}, claims.FAILS),
-             ({"slow subnormal": same, "slow flushed": same}, claims.CANNOT)]
+    cases = [({"slow subnormal": slower, "slow flushed": same}, core.HOLDS),
+             ({"slow subnormal": slower, "slow flushed": slower}, core.FAILS),
+             ({"slow subnormal": same, "slow flushed": same}, core.CANNOT)]
     for found, status in cases:
         monkeypatch.setattr(subnormal, "measure",
                             lambda found=found: {"band": 0.1, "can_flush": True, **found})
@@ -138,14 +138,14 @@ def test_flush_claim_reads_the_timing_verdicts(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setattr(subnormal, "measure",
                         lambda: {"band": 0.1, "can_flush": True, "slow subnormal": slower})
     [out] = claims.evaluate(ids=["ch3_subnormal_slows_slow2d"])
-    assert out.status == claims.HOLDS and "x2.00" in out.evidence
+    assert out.status == core.HOLDS and "x2.00" in out.evidence
 
 
 def test_report_is_phone_width_and_names_what_does_not_hold(
         monkeypatch: pytest.MonkeyPatch) -> None:
     long = "ch7_" + "x" * 90
-    table = (fake("ch7_ok", claims.HOLDS, 7), fake(long, claims.FAILS, 7),
-             fake("ch7_gpu", claims.CANNOT, 7), fake("ch3_other", claims.FAILS))
+    table = (fake("ch7_ok", core.HOLDS, 7), fake(long, core.FAILS, 7),
+             fake("ch7_gpu", core.CANNOT, 7), fake("ch3_other", core.FAILS))
     monkeypatch.setattr(claims, "CLAIMS", table)
     text = claims.report(7)
     assert max(len(line) for line in text.splitlines()) <= core.WIDTH
@@ -183,13 +183,13 @@ def _record(cpu: str, isa: str, stored: dict | None) -> dict:
 
 
 def test_matrix_from_stored_outcomes(monkeypatch: pytest.MonkeyPatch) -> None:
-    table = (fake("ch7_a", claims.HOLDS, 7), fake("ch7_b", claims.HOLDS, 7),
-             fake("ch9_c", claims.HOLDS, 9))
+    table = (fake("ch7_a", core.HOLDS, 7), fake("ch7_b", core.HOLDS, 7),
+             fake("ch9_c", core.HOLDS, 9))
     monkeypatch.setattr(claims, "CLAIMS", table)
     recs = [
-        _record("CPU A", "avx2", {"ch7_a": {"status": claims.HOLDS},
-                                  "ch7_b": {"status": claims.FAILS}}),
-        _record("CPU B", "sse41", {"ch7_a": {"status": claims.CANNOT}}),
+        _record("CPU A", "avx2", {"ch7_a": {"status": core.HOLDS},
+                                  "ch7_b": {"status": core.FAILS}}),
+        _record("CPU B", "sse41", {"ch7_a": {"status": core.CANNOT}}),
         _record("CPU C", "avx512", None),
         _record("CPU D", "avx512", {"error": "RuntimeError: x"}),
     ]
@@ -197,7 +197,7 @@ def test_matrix_from_stored_outcomes(monkeypatch: pytest.MonkeyPatch) -> None:
     assert headers == ["claim", "CPU A, avx2", "CPU B, sse41", "CPU C, avx512",
                        "CPU D, avx512"]
     assert rows == [["ch7_a", "yes", "n/a", "-", "-"], ["ch7_b", "no", "-", "-", "-"]]
-    same, other = claims.agreeing(core.Outcome("ch7_a", claims.HOLDS, "e"), recs)
+    same, other = core.agreeing(core.Outcome("ch7_a", core.HOLDS, "e"), recs)
     assert (same, other) == (["CPU A, avx2"], ["CPU B, sse41"])
 
 
@@ -212,8 +212,8 @@ def test_matrix_reads_committed_records() -> None:
 
 def test_cli_json_schema(monkeypatch: pytest.MonkeyPatch,
                          capsys: pytest.CaptureFixture[str]) -> None:
-    table = (fake("ch7_a", claims.HOLDS, 7), fake("ch7_b", claims.FAILS, 7),
-             fake("ch9_c", claims.HOLDS, 9))
+    table = (fake("ch7_a", core.HOLDS, 7), fake("ch7_b", core.FAILS, 7),
+             fake("ch9_c", core.HOLDS, 9))
     monkeypatch.setattr(claims, "CLAIMS", table)
     assert cli_main(["claims", "--chapter", "7", "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
@@ -223,12 +223,12 @@ def test_cli_json_schema(monkeypatch: pytest.MonkeyPatch,
             "records_agree", "records_differ"}
     for c in data["claims"]:
         assert set(c) == keys and c["chapter"] == 7
-    assert data["claims"][1]["status"] == claims.FAILS
+    assert data["claims"][1]["status"] == core.FAILS
 
 
 def test_cli_text(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", claims.HOLDS, 7),
-                                           fake("ch7_b", claims.FAILS, 7)))
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", core.HOLDS, 7),
+                                           fake("ch7_b", core.FAILS, 7)))
     assert cli_main(["claims"]) == 0
     out = capsys.readouterr().out
     assert "ch7_a: holds\n  evidence of ch7_a\n  records: none stores this claim" in out
@@ -240,7 +240,7 @@ def test_cli_text(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
                                   ["--chapter", "12"], ["--bogus"], ["--chapter"]])
 def test_cli_bad_arguments(argv: list[str], monkeypatch: pytest.MonkeyPatch,
                            capsys: pytest.CaptureFixture[str]) -> None:
-    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", claims.HOLDS, 7),))
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", core.HOLDS, 7),))
     with pytest.raises(SystemExit) as stop:
         cli_main(["claims", *argv])
     assert stop.value.code == 2
@@ -252,9 +252,9 @@ def test_cli_names_the_records_that_agree(monkeypatch: pytest.MonkeyPatch,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     from convlab.lab import records
 
-    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", claims.HOLDS, 7),))
-    stored = [_record("CPU A", "avx2", {"ch7_a": {"status": claims.HOLDS}}),
-              _record("CPU B", "sse41", {"ch7_a": {"status": claims.FAILS}})]
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", core.HOLDS, 7),))
+    stored = [_record("CPU A", "avx2", {"ch7_a": {"status": core.HOLDS}}),
+              _record("CPU B", "sse41", {"ch7_a": {"status": core.FAILS}})]
     monkeypatch.setattr(records, "load_records", lambda: stored)
     assert cli_main(["claims"]) == 0
     assert "records agree: CPU A, avx2 (differ: CPU B, sse41)" in capsys.readouterr().out
@@ -265,12 +265,12 @@ def test_cli_names_the_records_that_agree(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_record_outcomes_is_a_json_section(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", claims.HOLDS, 7),
-                                           fake("ch9_b", claims.CANNOT, 9)))
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", core.HOLDS, 7),
+                                           fake("ch9_b", core.CANNOT, 9)))
     got = claims.record_outcomes(quick=True)
-    assert got == {"ch7_a": {"status": claims.HOLDS, "evidence": "evidence of ch7_a",
+    assert got == {"ch7_a": {"status": core.HOLDS, "evidence": "evidence of ch7_a",
                              "detail": {"n": 1}},
-                   "ch9_b": {"status": claims.CANNOT, "evidence": "evidence of ch9_b",
+                   "ch9_b": {"status": core.CANNOT, "evidence": "evidence of ch9_b",
                              "detail": {"n": 1}}}
     json.dumps(got, allow_nan=False)
     headers, rows = claims.matrix([{"isa": "x", "fingerprint": {"cpu_model": "M"},

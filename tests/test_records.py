@@ -414,12 +414,13 @@ def test_records_store_claim_outcomes_as_a_section(tmp_path):
     import inspect
 
     from convlab.lab import claims
+    from convlab.lab.claims import core
 
     module, _, name = records.SECTIONS["claims"].partition(":")
     fn = getattr(importlib.import_module(module), name)
     assert fn is claims.record_outcomes and "quick" in inspect.signature(fn).parameters
     some = claims.CLAIMS[0]
-    stored = {some.id: {"status": claims.HOLDS, "evidence": "e", "detail": {}}}
+    stored = {some.id: {"status": core.HOLDS, "evidence": "e", "detail": {}}}
     for isa, payload in (("avx2", stored), ("sse41", None)):
         data = _record(isa, **({"claims": payload} if payload else {}))
         (tmp_path / f"amd-epyc-x2__{isa}.json").write_text(json.dumps(data))

@@ -21,9 +21,10 @@ from convlab.cli.args import Parser
 def chapter(text: str) -> int | str:
     """A chapter that has claims: ``intro`` or its number."""
     from convlab.lab import claims
+    from convlab.lab.claims import core
 
     try:
-        key = claims.check_chapter(text)
+        key = core.check_chapter(text)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     if key not in claims.chapters():
@@ -48,13 +49,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     """``convlab claims [--chapter N] [--json]``; 0 after printing, 2 on a bad argument."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
     from convlab.lab import claims, machine, records
+    from convlab.lab.claims import core
 
     found = records.load_records()
     by_id = {c.id: c for c in claims.CLAIMS}
     outcomes = claims.evaluate(args.chapter)
     rows = []
     for o in outcomes:
-        same, other = claims.agreeing(o, found)
+        same, other = core.agreeing(o, found)
         c = by_id[o.claim_id]
         rows.append({"id": o.claim_id, "chapter": c.chapter, "sentence": c.sentence,
                      "condition": c.condition, "status": o.status, "evidence": o.evidence,
@@ -72,6 +74,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             agree = "records: none stores this claim"
         print(textwrap.fill(agree, 72, initial_indent="  ", subsequent_indent="    "))
-    held = sum(r["status"] == claims.HOLDS for r in rows)
+    held = sum(r["status"] == core.HOLDS for r in rows)
     print(f"\n{held} of {len(rows)} claims hold here.", file=sys.stdout)
     return 0

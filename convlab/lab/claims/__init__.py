@@ -6,7 +6,7 @@ depends on, and a check that measures or inspects on the running machine and ret
 ``does not hold`` or ``cannot run here`` (no CUDA, no such ISA), with its evidence. The
 rows live in one table per topic (:mod:`~convlab.lab.claims.routing`,
 :mod:`~convlab.lab.claims.bits`, ...); ``CLAIMS`` joins them. The types, the statuses and
-the flag guard are in :mod:`~convlab.lab.claims.core` (re-exported here).
+the flag guard are in :mod:`~convlab.lab.claims.core`.
 
 >>> from convlab.lab import claims
 >>> print(claims.report(10))                        # doctest: +SKIP
@@ -30,19 +30,17 @@ from convlab.lab.claims import (
     routing,
     subnormal,
 )
-
-# Re-exported: the types, statuses and helpers callers use as claims.X.
-from convlab.lab.claims.core import CANNOT as CANNOT
-from convlab.lab.claims.core import CHAPTERS as CHAPTERS
-from convlab.lab.claims.core import FAILS as FAILS
-from convlab.lab.claims.core import HOLDS as HOLDS
-from convlab.lab.claims.core import STATUSES as STATUSES
-from convlab.lab.claims.core import Claim as Claim
-from convlab.lab.claims.core import Outcome as Outcome
-from convlab.lab.claims.core import agreeing as agreeing
-from convlab.lab.claims.core import check_chapter as check_chapter
-from convlab.lab.claims.core import flags as flags
-from convlab.lab.claims.core import fresh, matrix_rows, report_text, run, select
+from convlab.lab.claims.core import (
+    CHAPTERS,
+    Claim,
+    Outcome,
+    check_chapter,
+    fresh,
+    matrix_rows,
+    report_text,
+    run,
+    select,
+)
 
 __all__ = ["CLAIMS", "chapters", "evaluate", "matrix", "record_outcomes", "report"]
 
@@ -99,5 +97,3 @@ def record_outcomes(quick: bool = False) -> dict[str, dict]:
     return {o.claim_id: {"status": o.status, "evidence": o.evidence, "detail": o.detail}
             for o in evaluate()}
 
-
-record = record_outcomes  # the name records.SECTIONS expects of a section

@@ -186,14 +186,14 @@ def check_sse41_setting_caps_mkl() -> Outcome:
     """Under the records' SSE4.1 setting MKL's GEMM is slowed as an SSE4.1 machine's
     would be (at least 2x below its rate here, times the A/A gap of two measurements
     here), i.e. the setting caps MKL too."""
-    from convlab.lab import machine
+    from convlab.lab import isa_settings, machine
     from convlab.lab.claims.probe import capped_env, facts_under
 
     if not torch.backends.mkl.is_available():
         return cannot("this torch does not use MKL")
-    setting = next((s for s in machine.ISA_SETTINGS if s.label == "sse41"), None)
+    setting = next((s for s in isa_settings.ISA_SETTINGS if s.label == "sse41"), None)
     if setting is None:
-        return cannot("no sse41 setting in convlab.lab.machine")
+        return cannot("no sse41 setting in convlab.lab.isa_settings")
     if capped_env() == dict(setting.env) or "avx2" not in machine.cpu_flags():
         return cannot("this process or CPU is already at the SSE4.1 level")
     first = mkl_gflops()

@@ -1,0 +1,22 @@
+"""The facts the claims compare across ISA caps, gathered in one child process per cap.
+
+A module of its own because it reads every topic table (which all import
+:mod:`~convlab.lab.claims.probe`); :func:`convlab.lab.claims.probe.facts_under` runs
+:func:`facts` in a fresh process with the cap's environment.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convlab.lab import machine
+from convlab.lab.claims import bits, memory, onednn, perf, routing
+
+
+def facts() -> dict[str, Any]:
+    """What the checks compare across ISA caps, measured in this process: MKL's announced
+    path, the bf16/fp16 backends, oneDNN's implementations and blocks, digests of seeded
+    gradients, the per-sample routes' peak memory and MKL's 1-thread GEMM rate."""
+    return {"mkl": machine._mkl_probe_here(), "half": routing.half_backends(),
+            "onednn": onednn.implementations(), "digests": bits.digests(),
+            "memory": memory.per_sample_peaks(), "mkl_gflops": perf.mkl_gflops()}

@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {
     "trace": "the ATen ops (and backend) of a conv layer's forward+backward",
     "bench": "time every path side by side (interleaved rounds, A/A band)",
     "explain": "which backend and C++ kernel a layer's backward uses, and what flips it",
+    "claims": "check the book's machine-dependent claims here (holds or not, evidence)",
 }
 INTERRUPTED = 130
 USAGE_ERROR = 2

@@ -1,0 +1,75 @@
+"""``convlab claims``: run the book's machine-dependent claims here and print each one's
+status, evidence, and which committed records agree.
+
+Options are checked before any check runs (a bad one: one line on stderr, exit 2). With
+``--json`` the output is one JSON object: ``{"machine": ..., "claims": [{"id", "chapter",
+"sentence", "condition", "status", "evidence", "detail", "records_agree",
+"records_differ"}, ...]}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+from collections.abc import Sequence
+
+from convlab.cli.args import Parser
+
+
+def chapter(text: str) -> int | str:
+    """A chapter that has claims: ``intro`` or its number."""
+    from convlab.lab import claims
+
+    try:
+        key = claims.check_chapter(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if key not in claims.chapters():
+        have = ", ".join(str(c) for c in claims.chapters())
+        raise argparse.ArgumentTypeError(f"chapter {key} has no claims (these do: {have})")
+    return key
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The ``convlab claims`` argument parser."""
+    ap = Parser(prog="convlab claims",
+                description="Check the book's machine-dependent claims on this machine: "
+                "holds / does not hold / cannot run here, with evidence, and which "
+                "committed records agree.")
+    ap.add_argument("--chapter", type=chapter, default=None,
+                    help="only this chapter's claims (a number, or intro)")
+    ap.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    return ap
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``convlab claims [--chapter N] [--json]``; 0 after printing, 2 on a bad argument."""
+    args = build_parser().parse_args(list(argv) if argv is not None else None)
+    from convlab.lab import claims, machine, records
+
+    found = records.load_records()
+    by_id = {c.id: c for c in claims.CLAIMS}
+    outcomes = claims.evaluate(args.chapter)
+    rows = []
+    for o in outcomes:
+        same, other = claims.agreeing(o, found)
+        c = by_id[o.claim_id]
+        rows.append({"id": o.claim_id, "chapter": c.chapter, "sentence": c.sentence,
+                     "condition": c.condition, "status": o.status, "evidence": o.evidence,
+                     "detail": o.detail, "records_agree": same, "records_differ": other})
+    if args.json:
+        print(json.dumps({"machine": machine.machine_slug(), "claims": rows}, indent=1))
+        return 0
+    for r in rows:
+        print(f"{r['id']}: {r['status']}")
+        print(textwrap.fill(r["evidence"], 72, initial_indent="  ", subsequent_indent="  "))
+        agree = ("records agree: " + "; ".join(r["records_agree"]) if r["records_agree"]
+                 else "records agree: none")
+        if r["records_differ"]:
+            agree += " (differ: " + "; ".join(r["records_differ"]) + ")"
+        print(textwrap.fill(agree, 72, initial_indent="  ", subsequent_indent="    "))
+    held = sum(r["status"] == claims.HOLDS for r in rows)
+    print(f"\n{held} of {len(rows)} claims hold here.", file=sys.stdout)
+    return 0

@@ -1,0 +1,90 @@
+"""Claims that check themselves: every machine-dependent sentence of the book, checked here.
+
+Each claim (:class:`Claim`) is one sentence, the condition it depends on, and a check that
+measures or inspects on the running machine and returns an :class:`Outcome`: ``holds``,
+``does not hold`` or ``cannot run here`` (no CUDA, no such ISA), with its evidence. The
+rows live in one table per topic (:mod:`~convlab.lab.claims.routing`,
+:mod:`~convlab.lab.claims.bits`, ...); ``CLAIMS`` joins them.
+
+>>> from convlab.lab import claims
+>>> print(claims.report(10))                        # doctest: +SKIP
+ch10_slow_bits_across_threads: holds
+  Slow2d stem 3->16 224^2, threads (1, 2, 4): all bit-identical
+...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from convlab.lab.claims import bits, routing
+from convlab.lab.claims.core import (
+    CANNOT,
+    CHAPTERS,
+    FAILS,
+    HOLDS,
+    STATUSES,
+    Claim,
+    Outcome,
+    agreeing,
+    check_chapter,
+    flags,
+    matrix_rows,
+    report_text,
+    run,
+    select,
+)
+
+__all__ = [
+    "CANNOT", "CHAPTERS", "CLAIMS", "FAILS", "HOLDS", "STATUSES", "Claim", "Outcome",
+    "agreeing", "chapters", "evaluate", "flags", "matrix", "record_outcomes", "report",
+]
+
+CLAIMS: tuple[Claim, ...] = routing.CLAIMS + bits.CLAIMS
+
+
+def chapters() -> list[int | str]:
+    """The chapters that have claims, in book order."""
+    have = {c.chapter for c in CLAIMS}
+    return [c for c in CHAPTERS if c in have]
+
+
+def evaluate(chapter: int | str | None = None, ids: Iterable[str] | None = None
+             ) -> list[Outcome]:
+    """Run the claims of ``chapter`` (None: all) with ids in ``ids`` (None: all), in table
+    order. Each check runs with the process flags kept (threads, backend flags, denormal
+    flush, deterministic mode, torch's RNG); one that raises gives ``cannot run here`` with
+    the error as evidence. Raises ValueError for an unknown chapter or id."""
+    return [run(c) for c in select(CLAIMS, chapter, ids)]
+
+
+def report(chapter: int | str) -> str:
+    """The text of a chapter's live-claims cell: each claim's status and evidence, then
+    those that do not hold here (lines <= 72 characters)."""
+    key = check_chapter(chapter)
+    outcomes = evaluate(key)
+    if not outcomes:
+        return f"No claims for chapter {key}."
+    what = "Introduction" if key == "intro" else f"Chapter {key}"
+    return report_text(outcomes, what)
+
+
+def matrix(records: Sequence[Any], chapter: int | str | None
+           ) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of a claims x records table for ``chapter`` (None: all) from the
+    outcomes the records store (their ``claims`` section): ``yes`` (holds), ``no`` (does
+    not hold), ``n/a`` (cannot run there), ``-`` (no stored outcome)."""
+    return matrix_rows(select(CLAIMS, chapter), records)
+
+
+def record_outcomes(quick: bool = False) -> dict[str, dict]:
+    """The ``claims`` section of a record: claim id -> ``{"status", "evidence", "detail"}``
+    for every claim, run in this process. ``quick`` is accepted like every section's; the
+    checks are already small, so it changes nothing."""
+    del quick
+    return {o.claim_id: {"status": o.status, "evidence": o.evidence, "detail": o.detail}
+            for o in evaluate()}
+
+
+record = record_outcomes  # the name records.SECTIONS expects of a section

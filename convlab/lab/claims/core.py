@@ -1,0 +1,267 @@
+"""The claim and outcome types, the process-flag guard, and the report and matrix texts.
+
+A claim is one sentence of the book that depends on the machine (ISA, BLAS, threads,
+version, GPU), with a check that measures or inspects it here and returns an
+:class:`Outcome`: ``holds``, ``does not hold`` or ``cannot run here``. The checks live in
+the sibling modules, one table of :class:`Claim` rows each; :mod:`convlab.lab.claims` joins
+the tables.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import traceback
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+HOLDS = "holds"
+FAILS = "does not hold"
+CANNOT = "cannot run here"
+STATUSES = (HOLDS, FAILS, CANNOT)
+CHAPTERS: tuple[int | str, ...] = ("intro", *range(1, 14))
+WIDTH = 72
+# One cell of the claims x records matrix per status (narrow, for phones).
+SHORT = {HOLDS: "yes", FAILS: "no", CANNOT: "n/a"}
+MISSING = "-"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What one check found here: ``status`` (one of ``STATUSES``), a one-line ``evidence``
+    with the numbers, and ``detail`` (JSON-able measurements, for records)."""
+
+    claim_id: str
+    status: str
+    evidence: str
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+
+
+@dataclass(frozen=True)
+class Claim:
+    """One checked sentence: ``id`` (snake_case, chapter prefix), ``chapter`` (1..13 or
+    ``"intro"``), the ``sentence`` as the book states it, the ``condition`` it depends on,
+    and ``check`` (no arguments; measures here and returns an :class:`Outcome`)."""
+
+    id: str
+    chapter: int | str
+    sentence: str
+    condition: str
+    check: Callable[[], Outcome]
+
+
+def holds(evidence: str, **detail: Any) -> Outcome:
+    """A holding outcome (the claim id is filled in by :func:`run`)."""
+    return Outcome("", HOLDS, evidence, detail)
+
+
+def fails(evidence: str, **detail: Any) -> Outcome:
+    """A failing outcome (the claim id is filled in by :func:`run`)."""
+    return Outcome("", FAILS, evidence, detail)
+
+
+def cannot(evidence: str, **detail: Any) -> Outcome:
+    """A check that cannot run on this machine (no CUDA, no such ISA, ...)."""
+    return Outcome("", CANNOT, evidence, detail)
+
+
+def verdict(ok: bool, evidence: str, **detail: Any) -> Outcome:
+    """:func:`holds` if ``ok`` else :func:`fails`."""
+    return (holds if ok else fails)(evidence, **detail)
+
+
+def check_chapter(chapter: object) -> int | str:
+    """``chapter`` as a chapter key (``3``, ``"3"`` or ``"intro"``); TypeError for a
+    non-int non-str, ValueError for an unknown chapter."""
+    if isinstance(chapter, bool) or not isinstance(chapter, int | str):
+        raise TypeError(f"chapter must be an int 1..13 or 'intro', got {chapter!r}")
+    if isinstance(chapter, str) and chapter.strip().isdigit():
+        chapter = int(chapter)
+    if chapter not in CHAPTERS:
+        raise ValueError(f"chapter must be 1..13 or 'intro', got {chapter!r}")
+    return chapter  # type: ignore[return-value]
+
+
+# ------------------------------------------------------------------ process flags
+
+
+def _flush_denormal_on() -> bool:
+    """Whether this thread flushes subnormals (observed: a subnormal times 1 gives 0)."""
+    tiny = torch.tensor([1e-40], dtype=torch.float32)
+    return bool((tiny * 1.0).item() == 0.0)
+
+
+def flags() -> dict[str, Any]:
+    """Every process-wide setting a check might touch, as found now."""
+    b = torch.backends
+    found: dict[str, Any] = {
+        "threads": torch.get_num_threads(),
+        "mkldnn": b.mkldnn.enabled,
+        "nnpack": torch._C._get_nnpack_enabled(),
+        "cudnn": b.cudnn.enabled,
+        "cudnn_benchmark": b.cudnn.benchmark,
+        "cudnn_deterministic": b.cudnn.deterministic,
+        "deterministic": torch.are_deterministic_algorithms_enabled(),
+        "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
+        "flush_denormal": _flush_denormal_on(),
+        "grad_enabled": torch.is_grad_enabled(),
+        "default_dtype": torch.get_default_dtype(),
+    }
+    if hasattr(b.mkldnn, "deterministic"):
+        found["mkldnn_deterministic"] = b.mkldnn.deterministic
+    return found
+
+
+def restore(saved: Mapping[str, Any]) -> None:
+    """Set every flag of :func:`flags` back to ``saved``."""
+    b = torch.backends
+    if torch.get_num_threads() != saved["threads"]:
+        torch.set_num_threads(saved["threads"])
+    b.mkldnn.enabled = saved["mkldnn"]
+    torch._C._set_nnpack_enabled(saved["nnpack"])
+    b.cudnn.enabled = saved["cudnn"]
+    b.cudnn.benchmark = saved["cudnn_benchmark"]
+    b.cudnn.deterministic = saved["cudnn_deterministic"]
+    torch.use_deterministic_algorithms(saved["deterministic"],
+                                       warn_only=saved["deterministic_warn_only"])
+    if _flush_denormal_on() != saved["flush_denormal"]:
+        torch.set_flush_denormal(saved["flush_denormal"])
+    torch.set_grad_enabled(saved["grad_enabled"])
+    torch.set_default_dtype(saved["default_dtype"])
+    if "mkldnn_deterministic" in saved:
+        b.mkldnn.deterministic = saved["mkldnn_deterministic"]
+
+
+@contextmanager
+def kept_flags() -> Iterator[dict[str, Any]]:
+    """Run a block and put every flag of :func:`flags` (and torch's global RNG) back."""
+    saved = flags()
+    rng = torch.random.get_rng_state()
+    try:
+        yield saved
+    finally:
+        restore(saved)
+        torch.random.set_rng_state(rng)
+
+
+def _jsonable(detail: Mapping[str, Any]) -> dict[str, Any]:
+    return json.loads(json.dumps(dict(detail), default=str))
+
+
+def run(claim: Claim) -> Outcome:
+    """Run one claim's check with the flags kept; an exception becomes a ``cannot run
+    here`` outcome whose evidence is the error (so one broken check stops nothing else)."""
+    with kept_flags():
+        try:
+            out = claim.check()
+            if not isinstance(out, Outcome):
+                raise TypeError(f"check returned {type(out).__name__}, not an Outcome")
+            return replace(out, claim_id=claim.id, detail=_jsonable(out.detail))
+        except Exception as err:  # noqa: BLE001 - one failing check must not stop the others
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            where = traceback.extract_tb(err.__traceback__)[-1]
+            return Outcome(claim.id, CANNOT, f"check raised {type(err).__name__}: {first}",
+                           {"error": f"{type(err).__name__}: {first}",
+                            "at": f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}"})
+
+
+def select(claims: Sequence[Claim], chapter: object = None,
+           ids: Iterable[str] | None = None) -> list[Claim]:
+    """The claims of ``chapter`` (None: all) whose id is in ``ids`` (None: all)."""
+    chosen = list(claims)
+    if chapter is not None:
+        key = check_chapter(chapter)
+        chosen = [c for c in chosen if c.chapter == key]
+    if ids is not None:
+        if isinstance(ids, str):
+            raise TypeError("ids must be an iterable of claim ids, not a str")
+        wanted = list(ids)
+        known = {c.id for c in claims}
+        unknown = [i for i in wanted if i not in known]
+        if unknown:
+            raise ValueError(f"ids: unknown claim ids {unknown}")
+        chosen = [c for c in chosen if c.id in set(wanted)]
+    return chosen
+
+
+# ------------------------------------------------------------------ texts
+
+
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent) or [indent]
+
+
+def report_text(outcomes: Sequence[Outcome], what: str) -> str:
+    """One line per claim (id: status), its evidence wrapped below it, then the claims
+    that do not hold (or cannot run) here. Lines are at most ``WIDTH`` characters."""
+    lines: list[str] = []
+    for o in outcomes:
+        lines += textwrap.wrap(f"{o.claim_id}: {o.status}", WIDTH, subsequent_indent="    ")
+        lines += _wrap(o.evidence)
+    failing = [o.claim_id for o in outcomes if o.status == FAILS]
+    missing = [o.claim_id for o in outcomes if o.status == CANNOT]
+    held = sum(o.status == HOLDS for o in outcomes)
+    lines.append("")
+    lines += textwrap.wrap(f"{what}: {held} of {len(outcomes)} claims hold here.", WIDTH)
+    if failing:
+        lines += textwrap.wrap("Do not hold here: " + ", ".join(failing) + ".", WIDTH,
+                               subsequent_indent="  ")
+    if missing:
+        lines += textwrap.wrap("Cannot run here: " + ", ".join(missing) + ".", WIDTH,
+                               subsequent_indent="  ")
+    return "\n".join(lines)
+
+
+def stored_outcomes(record: Any) -> Mapping[str, Any]:
+    """The claim outcomes a record stores (its ``claims`` section), or ``{}``.
+
+    ``record`` is a :class:`convlab.lab.records.Record` or its JSON as a mapping."""
+    sections = record.get("sections", {}) if isinstance(record, Mapping) else record.sections
+    found = sections.get("claims") or {}
+    if not isinstance(found, Mapping) or "error" in found:
+        return {}
+    return found.get("outcomes", found) if isinstance(found.get("outcomes"), Mapping) else found
+
+
+def record_label(record: Any) -> str:
+    """A record's column header (``AMD EPYC x2, AVX2``)."""
+    if isinstance(record, Mapping):
+        fp = record.get("fingerprint", {})
+        return f"{fp.get('cpu_model', '?')}, {record.get('isa', '?')}"
+    return str(record.label)
+
+
+def matrix_rows(claims: Sequence[Claim], records: Sequence[Any]
+                ) -> tuple[list[str], list[list[str]]]:
+    """Headers and rows of a claims x records table: ``yes``/``no``/``n/a`` per stored
+    outcome, ``-`` where a record has none."""
+    stored = [stored_outcomes(r) for r in records]
+    headers = ["claim", *(record_label(r) for r in records)]
+    rows = []
+    for c in claims:
+        cells = []
+        for outcomes in stored:
+            got = outcomes.get(c.id)
+            status = got.get("status") if isinstance(got, Mapping) else None
+            cells.append(SHORT.get(str(status), MISSING))
+        rows.append([c.id, *cells])
+    return headers, rows
+
+
+def agreeing(outcome: Outcome, records: Sequence[Any]) -> tuple[list[str], list[str]]:
+    """Labels of the records whose stored outcome of this claim has the same status, and
+    of those that stored another status (records without one are in neither)."""
+    same, other = [], []
+    for r in records:
+        got = stored_outcomes(r).get(outcome.claim_id)
+        if isinstance(got, Mapping) and got.get("status") in STATUSES:
+            (same if got["status"] == outcome.status else other).append(record_label(r))
+    return same, other

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from convlab.cli import main as cli_main
-from convlab.lab import claims
-from convlab.lab.claims import bits, core, probe
+from convlab.lab import claims, timing
+from convlab.lab.claims import bits, core, cuda, probe, subnormal
 
 ID = re.compile(r"^(intro|ch(1[0-3]|[1-9]))_[a-z0-9_]+$")
 
@@ -65,7 +65,8 @@ def test_every_check_returns_a_valid_outcome_under_the_low_isa() -> None:
 def test_cuda_claims_cannot_run_without_cuda(outcomes: list[claims.Outcome]) -> None:
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the CUDA claims really run")
-    cuda_ids = {c.id for c in claims.CLAIMS if "cuda" in c.condition.lower()}
+    cuda_ids = {c.id for c in cuda.CLAIMS}
+    assert cuda_ids and cuda_ids <= {c.id for c in claims.CLAIMS}
     for o in outcomes:
         if o.claim_id in cuda_ids:
             assert o.status == claims.CANNOT, o
@@ -122,6 +123,22 @@ def test_a_check_made_to_fail_is_reported_as_failing(monkeypatch: pytest.MonkeyP
                                          for t in (1, 2)})
     [out] = claims.evaluate(ids=["ch10_slow_bits_across_threads"])
     assert out.status == claims.HOLDS
+
+
+def test_flush_claim_reads_the_timing_verdicts(monkeypatch: pytest.MonkeyPatch) -> None:
+    slower, same = timing.verdict_of([2.0] * 7, 0.1), timing.verdict_of([1.0] * 7, 0.1)
+    cases = [({"slow subnormal": slower, "slow flushed": same}, claims.HOLDS),
+             ({"slow subnormal": slower, "slow flushed": slower}, claims.FAILS),
+             ({"slow subnormal": same, "slow flushed": same}, claims.CANNOT)]
+    for found, status in cases:
+        monkeypatch.setattr(subnormal, "measure",
+                            lambda found=found: {"band": 0.1, "can_flush": True, **found})
+        [out] = claims.evaluate(ids=["ch3_flush_denormal_removes_penalty"])
+        assert out.status == status, (found, out)
+    monkeypatch.setattr(subnormal, "measure",
+                        lambda: {"band": 0.1, "can_flush": True, "slow subnormal": slower})
+    [out] = claims.evaluate(ids=["ch3_subnormal_slows_slow2d"])
+    assert out.status == claims.HOLDS and "x2.00" in out.evidence
 
 
 def test_report_is_phone_width_and_names_what_does_not_hold(
@@ -214,7 +231,7 @@ def test_cli_text(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture
                                            fake("ch7_b", claims.FAILS, 7)))
     assert cli_main(["claims"]) == 0
     out = capsys.readouterr().out
-    assert "ch7_a: holds\n  evidence of ch7_a\n  records agree:" in out
+    assert "ch7_a: holds\n  evidence of ch7_a\n  records: none stores this claim" in out
     assert "ch7_b: does not hold" in out and "1 of 2 claims hold here." in out
     assert max(len(line) for line in out.splitlines()) <= core.WIDTH
 
@@ -229,3 +246,48 @@ def test_cli_bad_arguments(argv: list[str], monkeypatch: pytest.MonkeyPatch,
     assert stop.value.code == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and err.startswith("convlab claims: error:")
+
+
+def test_cli_names_the_records_that_agree(monkeypatch: pytest.MonkeyPatch,
+                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from convlab.lab import records
+
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", claims.HOLDS, 7),))
+    stored = [_record("CPU A", "avx2", {"ch7_a": {"status": claims.HOLDS}}),
+              _record("CPU B", "sse41", {"ch7_a": {"status": claims.FAILS}})]
+    monkeypatch.setattr(records, "load_records", lambda: stored)
+    assert cli_main(["claims"]) == 0
+    assert "records agree: CPU A, avx2 (differ: CPU B, sse41)" in capsys.readouterr().out
+    assert cli_main(["claims", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["claims"]
+    assert (row["records_agree"], row["records_differ"]) == (["CPU A, avx2"],
+                                                               ["CPU B, sse41"])
+
+
+def test_record_outcomes_is_a_json_section(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", claims.HOLDS, 7),
+                                           fake("ch9_b", claims.CANNOT, 9)))
+    got = claims.record_outcomes(quick=True)
+    assert got == {"ch7_a": {"status": claims.HOLDS, "evidence": "evidence of ch7_a",
+                             "detail": {"n": 1}},
+                   "ch9_b": {"status": claims.CANNOT, "evidence": "evidence of ch9_b",
+                             "detail": {"n": 1}}}
+    json.dumps(got, allow_nan=False)
+    headers, rows = claims.matrix([{"isa": "x", "fingerprint": {"cpu_model": "M"},
+                                    "sections": {"claims": got}}], None)
+    assert rows == [["ch7_a", "yes"], ["ch9_b", "n/a"]]
+
+
+def test_cuda_checks_run_their_code_on_a_cpu_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The CUDA checks' code (not their claims) runs end to end with CPU tensors standing
+    in for CUDA ones, so a GPU run does not first meet a typo; statuses are not looked at."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the CUDA claims really run")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    monkeypatch.setattr(cuda, "_cuda", lambda *shape, seed=0, dtype=torch.float32:
+                        probe.randn(*shape, seed=seed, dtype=dtype))
+    monkeypatch.setattr(claims, "CLAIMS", cuda.CLAIMS)
+    for out in claims.evaluate():
+        assert not out.evidence.startswith("check raised"), (out.claim_id, out.evidence)

@@ -65,10 +65,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     for r in rows:
         print(f"{r['id']}: {r['status']}")
         print(textwrap.fill(r["evidence"], 72, initial_indent="  ", subsequent_indent="  "))
-        agree = ("records agree: " + "; ".join(r["records_agree"]) if r["records_agree"]
-                 else "records agree: none")
-        if r["records_differ"]:
-            agree += " (differ: " + "; ".join(r["records_differ"]) + ")"
+        if r["records_agree"] or r["records_differ"]:
+            agree = "records agree: " + ("; ".join(r["records_agree"]) or "none")
+            if r["records_differ"]:
+                agree += " (differ: " + "; ".join(r["records_differ"]) + ")"
+        else:
+            agree = "records: none stores this claim"
         print(textwrap.fill(agree, 72, initial_indent="  ", subsequent_indent="    "))
     held = sum(r["status"] == claims.HOLDS for r in rows)
     print(f"\n{held} of {len(rows)} claims hold here.", file=sys.stdout)

@@ -1,10 +1,12 @@
 """Claims that check themselves: every machine-dependent sentence of the book, checked here.
 
-Each claim (:class:`Claim`) is one sentence, the condition it depends on, and a check that
-measures or inspects on the running machine and returns an :class:`Outcome`: ``holds``,
+Each claim (:class:`~convlab.lab.claims.core.Claim`) is one sentence, the condition it
+depends on, and a check that measures or inspects on the running machine and returns an
+:class:`~convlab.lab.claims.core.Outcome`: ``holds``,
 ``does not hold`` or ``cannot run here`` (no CUDA, no such ISA), with its evidence. The
 rows live in one table per topic (:mod:`~convlab.lab.claims.routing`,
-:mod:`~convlab.lab.claims.bits`, ...); ``CLAIMS`` joins them.
+:mod:`~convlab.lab.claims.bits`, ...); ``CLAIMS`` joins them. The types, the statuses and
+the flag guard are in :mod:`~convlab.lab.claims.core` (re-exported here).
 
 >>> from convlab.lab import claims
 >>> print(claims.report(10))                        # doctest: +SKIP
@@ -18,30 +20,27 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from convlab.lab.claims import bits, routing
-from convlab.lab.claims.core import (
-    CANNOT,
-    CHAPTERS,
-    FAILS,
-    HOLDS,
-    STATUSES,
-    Claim,
-    Outcome,
-    agreeing,
-    check_chapter,
-    flags,
-    matrix_rows,
-    report_text,
-    run,
-    select,
-)
+from convlab.lab.claims import bits, cuda, memory, onednn, perf, routing, subnormal
 
-__all__ = [
-    "CANNOT", "CHAPTERS", "CLAIMS", "FAILS", "HOLDS", "STATUSES", "Claim", "Outcome",
-    "agreeing", "chapters", "evaluate", "flags", "matrix", "record_outcomes", "report",
-]
+# Re-exported: the types, statuses and helpers callers use as claims.X.
+from convlab.lab.claims.core import CANNOT as CANNOT
+from convlab.lab.claims.core import CHAPTERS as CHAPTERS
+from convlab.lab.claims.core import FAILS as FAILS
+from convlab.lab.claims.core import HOLDS as HOLDS
+from convlab.lab.claims.core import STATUSES as STATUSES
+from convlab.lab.claims.core import Claim as Claim
+from convlab.lab.claims.core import Outcome as Outcome
+from convlab.lab.claims.core import agreeing as agreeing
+from convlab.lab.claims.core import check_chapter as check_chapter
+from convlab.lab.claims.core import flags as flags
+from convlab.lab.claims.core import fresh, matrix_rows, report_text, run, select
 
-CLAIMS: tuple[Claim, ...] = routing.CLAIMS + bits.CLAIMS
+__all__ = ["CLAIMS", "chapters", "evaluate", "matrix", "record_outcomes", "report"]
+
+# Every table's rows, in book order (intro, then chapters 1..13), table order within one.
+CLAIMS: tuple[Claim, ...] = tuple(sorted(
+    routing.CLAIMS + subnormal.CLAIMS + onednn.CLAIMS + perf.CLAIMS + memory.CLAIMS
+    + bits.CLAIMS + cuda.CLAIMS, key=lambda c: CHAPTERS.index(c.chapter)))
 
 
 def chapters() -> list[int | str]:
@@ -56,7 +55,12 @@ def evaluate(chapter: int | str | None = None, ids: Iterable[str] | None = None
     order. Each check runs with the process flags kept (threads, backend flags, denormal
     flush, deterministic mode, torch's RNG); one that raises gives ``cannot run here`` with
     the error as evidence. Raises ValueError for an unknown chapter or id."""
-    return [run(c) for c in select(CLAIMS, chapter, ids)]
+    chosen = select(CLAIMS, chapter, ids)
+    fresh()
+    try:
+        return [run(c) for c in chosen]
+    finally:
+        fresh()
 
 
 def report(chapter: int | str) -> str:

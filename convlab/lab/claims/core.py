@@ -90,6 +90,24 @@ def check_chapter(chapter: object) -> int | str:
     return chapter  # type: ignore[return-value]
 
 
+# ------------------------------------------------------------------ shared measurements
+
+_MEMO: dict[str, Any] = {}
+
+
+def shared(key: str, measure: Callable[[], Any]) -> Any:
+    """``measure()``, run once per :func:`fresh` period and shared by the checks that read
+    the same measurement (e.g. one timing run behind three subnormal claims)."""
+    if key not in _MEMO:
+        _MEMO[key] = measure()
+    return _MEMO[key]
+
+
+def fresh() -> None:
+    """Forget the shared measurements (each ``evaluate`` measures afresh)."""
+    _MEMO.clear()
+
+
 # ------------------------------------------------------------------ process flags
 
 
@@ -109,6 +127,8 @@ def flags() -> dict[str, Any]:
         "cudnn": b.cudnn.enabled,
         "cudnn_benchmark": b.cudnn.benchmark,
         "cudnn_deterministic": b.cudnn.deterministic,
+        "cudnn_tf32": b.cudnn.allow_tf32,
+        "matmul_tf32": b.cuda.matmul.allow_tf32,
         "deterministic": torch.are_deterministic_algorithms_enabled(),
         "deterministic_warn_only": torch.is_deterministic_algorithms_warn_only_enabled(),
         "flush_denormal": _flush_denormal_on(),
@@ -130,6 +150,8 @@ def restore(saved: Mapping[str, Any]) -> None:
     b.cudnn.enabled = saved["cudnn"]
     b.cudnn.benchmark = saved["cudnn_benchmark"]
     b.cudnn.deterministic = saved["cudnn_deterministic"]
+    b.cudnn.allow_tf32 = saved["cudnn_tf32"]
+    b.cuda.matmul.allow_tf32 = saved["matmul_tf32"]
     torch.use_deterministic_algorithms(saved["deterministic"],
                                        warn_only=saved["deterministic_warn_only"])
     if _flush_denormal_on() != saved["flush_denormal"]:

@@ -55,3 +55,35 @@ def bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
 def max_abs_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     """Largest absolute difference, in float64."""
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+AVX2_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+_FACTS_CODE = ("import json; from convlab.lab.claims.probe import facts; "
+               "print(json.dumps(facts()))")
+
+
+def facts() -> dict[str, Any]:
+    """What the checks compare across ISA caps, measured in this process: MKL's announced
+    path, the bf16/fp16 backends, oneDNN's implementations and blocks, digests of seeded
+    gradients, the per-sample routes' peak memory and MKL's 1-thread GEMM rate."""
+    from convlab.lab import machine
+    from convlab.lab.claims import bits, memory, onednn, perf, routing
+
+    return {"mkl": machine._mkl_probe_here(), "half": routing.half_backends(),
+            "onednn": onednn.implementations(), "digests": bits.digests(),
+            "memory": memory.per_sample_peaks(), "mkl_gflops": perf.mkl_gflops()}
+
+
+def facts_under(env: Mapping[str, str]) -> dict[str, Any]:
+    """:func:`facts` from a fresh process with ``env`` added (shared within one
+    evaluation, :func:`convlab.lab.claims.core.shared`)."""
+    from convlab.lab.claims.core import shared
+
+    key = "facts " + " ".join(f"{k}={v}" for k, v in sorted(env.items()))
+    return shared(key, lambda: child_json(_FACTS_CODE, env))
+
+
+def capped_env() -> dict[str, str]:
+    """The environment this process runs under, as far as ISA caps go."""
+    names = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
+    return {k: os.environ[k] for k in names if k in os.environ}

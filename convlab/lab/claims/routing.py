@@ -4,12 +4,13 @@ backward returns, on this machine."""
 from __future__ import annotations
 
 import json
+import signal
 
 import torch
 
 from convlab.aten.backends import select_backend
 from convlab.lab.claims.core import Claim, Outcome, cannot, fails, holds, verdict
-from convlab.lab.claims.probe import LOW_ISA_ENV, child, child_json, randn
+from convlab.lab.claims.probe import LOW_ISA_ENV, child, facts_under, randn
 
 _HALF = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -47,15 +48,11 @@ def check_fp16_routes_mkldnn() -> Outcome:
     return _half_routes("float16")
 
 
-_CHILD_HALF = ("import json; from convlab.lab.claims.routing import half_backends; "
-               "print(json.dumps(half_backends()))")
-
-
 def check_same_outputs_any_x86() -> Outcome:
     """The bf16/fp16 backend here equals the one under the lowest ISA setting make test
     compares against (a fresh process with ``ONEDNN_MAX_CPU_ISA=SSE41``)."""
     here = half_backends()
-    low = child_json(_CHILD_HALF, LOW_ISA_ENV)
+    low = facts_under(LOW_ISA_ENV)["half"]
     differ = sorted(k for k in here if here[k] != low.get(k))
     text = ", ".join(f"{k} {here[k]} vs {low.get(k)}" for k in here)
     return verdict(not differ, f"here vs SSE4.1 cap: {text}", here=here, sse41=low)
@@ -87,12 +84,75 @@ def check_empty_batch_bias_sizes_none_aborts() -> Outcome:
     """On an empty batch, ``bias_sizes=None`` with ``output_mask[2]`` kills the process
     (run in a child process, never here)."""
     done = child(_CHILD_EMPTY)
+    rc = done.returncode
+    how = f"killed by {signal.Signals(-rc).name}" if rc < 0 else f"exited {rc}"
+    if rc != 0 and "bad_optional_access" in done.stderr:
+        return holds(f"child {how}: std::bad_optional_access", returncode=rc)
     last = (done.stderr.strip().splitlines() or done.stdout.strip().splitlines() or [""])[-1]
-    aborted = done.returncode != 0 and "bad_optional_access" in done.stderr
-    if aborted:
-        return holds(f"child exited {done.returncode}: {last[:80]}", returncode=done.returncode)
-    return fails(f"child exited {done.returncode}: {last[:80]}", returncode=done.returncode,
+    return fails(f"child {how}: {last.strip()[:80]}", returncode=rc,
                  output=json.dumps(done.stdout.strip()[-200:]))
+
+
+def _backend(x_shape: tuple[int, ...], w_shape: tuple[int, ...], padding: int = 0,
+             threads: int | None = None) -> str:
+    if threads is not None:
+        torch.set_num_threads(threads)  # restored by the registry (kept_flags)
+    return select_backend(randn(*x_shape), randn(*w_shape, seed=1), None, 1, padding)
+
+
+def check_threads_flip_1x1() -> Outcome:
+    """One image with a 1x1 kernel (above the size bound) gets Slow2d at 1 thread and
+    Mkldnn at 2."""
+    if not torch.backends.mkldnn.is_available():
+        return cannot("oneDNN is not built into this torch")
+    one, two = (_backend((1, 64, 32, 32), (64, 64, 1, 1), 0, t) for t in (1, 2))
+    return verdict((one, two) == ("Slow2d", "Mkldnn"),
+                   f"N=1, 64->64 1x1, 32^2: 1 thread {one}, 2 threads {two}",
+                   one_thread=one, two_threads=two)
+
+
+def check_onednn_size_bound() -> Outcome:
+    """A single-sample 3x3 float32 layer goes to oneDNN only above N*C*H*W = 20480."""
+    if not torch.backends.mkldnn.is_available():
+        return cannot("oneDNN is not built into this torch")
+    at, above = _backend((1, 5, 64, 64), (8, 5, 3, 3)), _backend((1, 5, 64, 65), (8, 5, 3, 3))
+    return verdict((at, above) == ("Slow2d", "Mkldnn"),
+                   f"N*C*H*W 20480 -> {at}, 20800 -> {above}", at=at, above=above)
+
+
+def check_nnpack_batch16() -> Outcome:
+    """With oneDNN off, a float32 batch of 16 goes to NNPACK and a batch of 15 to Slow2d."""
+    if not torch._nnpack_available():
+        return cannot("NNPACK is not available in this build or on this CPU")
+    torch.backends.mkldnn.enabled = False  # restored by the registry (kept_flags)
+    got = {n: _backend((n, 8, 12, 12), (8, 8, 3, 3), 1) for n in (15, 16)}
+    return verdict(got == {15: "Slow2d", 16: "NnpackSpatial"},
+                   f"oneDNN off: N=15 -> {got[15]}, N=16 -> {got[16]}", backends=got)
+
+
+def check_rule_table_matches_aten() -> Outcome:
+    """convlab's rule table picks ATen's own backend on a grid over dtype, batch, kernel,
+    image size, threads and the oneDNN flag (this torch, this CPU)."""
+    from convlab.aten import selection
+    from convlab.aten.backends import backend_name
+
+    differ, n = [], 0
+    for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
+        for batch, size, k, threads, dnn in [(1, 8, 1, 1, True), (1, 8, 1, 2, True),
+                                             (1, 64, 3, 1, True), (16, 8, 3, 1, True),
+                                             (2, 12, 3, 2, False), (16, 12, 3, 1, False),
+                                             (0, 8, 3, 1, True), (4, 8, 5, 2, True)]:
+            torch.set_num_threads(threads)
+            torch.backends.mkldnn.enabled = dnn
+            x, w = randn(batch, 5, size, size, dtype=dtype), randn(8, 5, k, k, dtype=dtype)
+            args = ([1, 1], [k // 2] * 2, [1, 1], False, [0, 0], 1)
+            aten = backend_name(torch._C._select_conv_backend(x, w, None, *args))
+            mine = selection.select(selection.ConvQuery.from_tensors(x, w, None, *args))
+            n += 1
+            if mine.backend != aten:
+                differ.append(f"{dtype} N={batch} k={k} T={threads}: {aten} vs {mine.backend}")
+    return verdict(not differ, f"{n - len(differ)} of {n} configurations agree"
+                   + (f"; first: {differ[0]}" if differ else ""), differ=differ)
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -118,4 +178,20 @@ CLAIMS: tuple[Claim, ...] = (
           "(std::bad_optional_access): pass [C_out], or mask the bias.",
           "torch's Empty backend (checked in a child process)",
           check_empty_batch_bias_sizes_none_aborts),
+    Claim("ch3_threads_flip_1x1", 3,
+          "One image with a 1x1 kernel fails the first half of use_mkldnn unless more than "
+          "one thread is used.",
+          "the thread count (and oneDNN built in)", check_threads_flip_1x1),
+    Claim("ch3_onednn_size_bound", 3,
+          "A single-sample 3x3 float32 layer goes to oneDNN only when N*C*H*W > 20480.",
+          "torch's use_mkldnn (this version)", check_onednn_size_bound),
+    Claim("ch3_nnpack_batch16", 3,
+          "With oneDNN disabled, a float32 batch of 16 or more goes to NNPACK; smaller "
+          "batches go to Slow2d.",
+          "NNPACK built in and supported by this CPU", check_nnpack_batch16),
+    Claim("ch3_rule_table_matches_aten", 3,
+          "convlab's rule table selects the backend ATen selects, on every configuration "
+          "tried.",
+          "this torch version and CPU (the table follows 2.13's source)",
+          check_rule_table_matches_aten),
 )

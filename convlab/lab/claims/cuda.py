@@ -1,0 +1,167 @@
+"""The book's CUDA sentences (chapters 3, 7, 10), checked where a CUDA device exists.
+
+Without one every check says "cannot run here"; on a GPU (Colab, ``make gpu-check``) they
+select, time nothing, and compare bits and errors on the device.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from convlab.aten.backends import select_backend, use_backend
+from convlab.lab.claims.core import Claim, Outcome, cannot, verdict
+from convlab.lab.claims.probe import bitwise_equal, randn
+
+NO_CUDA = "no CUDA device here (torch.cuda.is_available() is False)"
+
+
+def _cuda(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    return randn(*shape, seed=seed, dtype=dtype).cuda()
+
+
+def _backward(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, groups: int = 1
+              ) -> tuple[torch.Tensor, ...]:
+    out = torch.ops.aten.convolution_backward(go, x, w, [w.shape[0]], [1, 1], [1, 1],
+                                              [1, 1], False, [0, 0], groups,
+                                              [True, True, True])
+    torch.cuda.synchronize()
+    return tuple(out)
+
+
+def check_cudnn_replaces_onednn() -> Outcome:
+    """A float32 3x3 layer on CUDA goes to cuDNN."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    chosen = select_backend(_cuda(2, 16, 14, 14), _cuda(16, 16, 3, 3, seed=1), None, 1, 1)
+    return verdict(chosen == "Cudnn", f"float32 16->16 3x3 on CUDA: {chosen}",
+                   backend=chosen)
+
+
+def check_depthwise_not_cudnn() -> Outcome:
+    """A float32 NCHW depthwise layer on CUDA goes to ATen's CudaDepthwise2d."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    chosen = select_backend(_cuda(2, 32, 28, 28), _cuda(32, 1, 3, 3, seed=1), None, 1, 1,
+                            groups=32)
+    return verdict(chosen == "CudaDepthwise2d", f"float32 depthwise 32ch on CUDA: {chosen}",
+                   backend=chosen)
+
+
+def check_slow_is_cuda_im2col() -> Outcome:
+    """Forced off cuDNN, a CUDA conv backward runs ATen's slow (im2col) kernel."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    from torch.profiler import ProfilerActivity, profile
+
+    from convlab.aten.capture import PROFILER_LOCK, redirect_fd
+
+    x, w = _cuda(2, 16, 14, 14), _cuda(16, 16, 3, 3, seed=1)
+    go = _cuda(2, 16, 14, 14, seed=2)
+    with use_backend("slow", x, w, None, 1, 1) as chosen:
+        with PROFILER_LOCK, redirect_fd(2), profile(activities=[ProfilerActivity.CPU]) as prof:
+            _backward(x, w, go)
+    ops = sorted({e.key for e in prof.key_averages() if "conv" in e.key})
+    return verdict(chosen == "Slow2d" and any("slow_conv2d_backward" in o for o in ops),
+                   f"cuDNN off: {chosen}; ops {', '.join(ops)}", backend=chosen, ops=ops)
+
+
+def _rel(a: torch.Tensor, e: torch.Tensor) -> float:
+    return float((a.double() - e).norm() / e.norm())
+
+
+def check_tf32_error() -> Outcome:
+    """With cuDNN's TF32 on (the default), a float32 conv's grad_weight is off by about
+    1e-3 relative; with it off, about 1e-6."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    major, minor = torch.cuda.get_device_capability()
+    if major < 8:
+        return cannot(f"compute capability {major}.{minor}: TF32 needs 8.0 (Ampere)")
+    default = torch.backends.cudnn.allow_tf32
+    x, w, go = _cuda(8, 64, 28, 28), _cuda(64, 64, 3, 3, seed=1), _cuda(8, 64, 28, 28, seed=2)
+    exact = _backward(x.double(), w.double(), go.double())[1]
+    errs = {}
+    for tf32 in (True, False):
+        torch.backends.cudnn.allow_tf32 = tf32  # restored by the registry (kept_flags)
+        errs[tf32] = _rel(_backward(x, w, go)[1], exact)
+    # "Near 1e-3": TF32's 10-bit mantissa gives 2**-11 = 5e-4 per product, so the TF32
+    # error lies in [1e-4, 1e-2]; "instead of 1e-6": float32 is at least 10x closer
+    # (cuDNN may pick a Winograd/FFT algorithm whose float32 error exceeds 1e-6).
+    ok = default and 1e-4 < errs[True] < 1e-2 and errs[False] * 10 < errs[True]
+    return verdict(ok, f"allow_tf32 default {default}; grad_weight rel. error TF32 "
+                   f"{errs[True]:.1e}, float32 {errs[False]:.1e}",
+                   default=default, tf32=errs[True], fp32=errs[False])
+
+
+def _repeats(deterministic: bool, tf32: bool, times: int = 4) -> list[str]:
+    torch.use_deterministic_algorithms(deterministic)  # restored by the registry
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.backends.cudnn.benchmark = False
+    x, w = _cuda(32, 64, 32, 32), _cuda(64, 64, 3, 3, seed=1)
+    go = _cuda(32, 64, 32, 32, seed=2)
+    first = _backward(x, w, go)
+    differ = set()
+    for _ in range(times):
+        again = _backward(x, w, go)
+        differ |= {n for n, a, b in zip(("grad_input", "grad_weight", "grad_bias"), first,
+                                        again, strict=True) if not bitwise_equal(a, b)}
+    return sorted(differ)
+
+
+def check_deterministic_repeats() -> Outcome:
+    """Under ``use_deterministic_algorithms(True)`` five cuDNN backward calls give the same
+    bits."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    differ = _repeats(True, False)
+    return verdict(not differ, f"deterministic, 5 calls: {', '.join(differ) or 'same bits'}",
+                   differ=differ)
+
+
+def check_default_nondeterministic() -> Outcome:
+    """Without deterministic mode, five cuDNN backward calls of a 64->64 layer (N=32)
+    do not all give the same bits."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    differ = _repeats(False, False)
+    return verdict(bool(differ), f"default, 5 calls: {', '.join(differ) or 'same bits'}",
+                   differ=differ)
+
+
+def check_tf32_deterministic() -> Outcome:
+    """TF32 on, deterministic mode on: five cuDNN backward calls give the same bits."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    differ = _repeats(True, True)
+    return verdict(not differ, f"TF32 + deterministic, 5 calls: "
+                   f"{', '.join(differ) or 'same bits'}", differ=differ)
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("ch3_cuda_cudnn_replaces_onednn", 3,
+          "With a CUDA device, cuDNN takes the place of oneDNN.",
+          "a CUDA device with cuDNN", check_cudnn_replaces_onednn),
+    Claim("ch3_cuda_slow_is_im2col", 3,
+          "On CUDA, use_backend('slow') falls back to ATen's CUDA im2col kernels.",
+          "a CUDA device", check_slow_is_cuda_im2col),
+    Claim("ch7_cuda_depthwise_not_cudnn", 7,
+          "A float32 NCHW depthwise layer on CUDA usually goes to ATen's CudaDepthwise2d, "
+          "not cuDNN.",
+          "a CUDA device; cuDNN's depthwise heuristic", check_depthwise_not_cudnn),
+    Claim("ch7_cuda_tf32_error", 7,
+          "On Ampere and newer GPUs cuDNN's TF32 (on by default) gives errors near 1e-3 "
+          "relative instead of 1e-6.",
+          "a CUDA device of compute capability 8.0 or more", check_tf32_error),
+    Claim("ch10_cuda_deterministic_repeats", 10,
+          "torch.use_deterministic_algorithms(True) restricts cuDNN to deterministic "
+          "algorithms: the same bits on every call.",
+          "a CUDA device with cuDNN", check_deterministic_repeats),
+    Claim("ch10_cuda_default_nondeterministic", 10,
+          "The conv backward is nondeterministic on CUDA unless deterministic algorithms "
+          "are requested (#70042).",
+          "a CUDA device; cuDNN's algorithm choice for the layer",
+          check_default_nondeterministic),
+    Claim("ch10_cuda_tf32_deterministic", 10,
+          "TF32 is deterministic: it changes accuracy, not run-to-run bits.",
+          "a CUDA device with cuDNN", check_tf32_deterministic),
+)

@@ -1,0 +1,179 @@
+"""Claims about oneDNN's kernels here (chapters 7 and 10): implementation, channel block,
+what an ISA cap leaves, and whether the committed records cover this machine."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from convlab.lab.claims.core import Claim, Outcome, cannot, verdict
+from convlab.lab.claims.probe import LOW_ISA_ENV, facts_under, randn
+
+# Vector width in float32 lanes of each oneDNN JIT ISA family (the prefix of "jit:<isa>").
+_LANES = {"avx512": 16, "avx2": 8, "avx": 8, "sse41": 4}
+
+
+def _trace(x_shape: tuple[int, ...], w_shape: tuple[int, ...], channels_last: bool = False
+           ) -> list[Any]:
+    from convlab.lab.profiling import onednn_trace
+
+    x = randn(*x_shape).requires_grad_()
+    w = randn(*w_shape, seed=1).requires_grad_()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+
+    def run() -> None:
+        xx = x.detach().to(memory_format=fmt).requires_grad_()
+        torch.nn.functional.conv2d(xx, w, padding=1).sum().backward()
+
+    return onednn_trace(run)
+
+
+def _block(layouts: str, role: str = "src") -> int | None:
+    """The channel block of ``role``'s layout tag in a verbose line (``aBcd16b`` -> 16)."""
+    m = re.search(rf"{role}:f32:[a-z]*:blocked:([A-Za-z0-9]+)", layouts)
+    if not m:
+        return None
+    digits = re.search(r"(\d+)b", m.group(1))
+    return int(digits.group(1)) if digits else 1
+
+
+def implementations() -> dict[str, Any]:
+    """oneDNN's implementation per pass of a 16->16 3x3 layer (NCHW and channels_last), and
+    the block and padding flag of the 3-channel stem's grad_input."""
+    if not torch.backends.mkldnn.is_available():
+        return {}
+    found: dict[str, Any] = {}
+    for name, cl in (("nchw", False), ("channels_last", True)):
+        calls = _trace((2, 16, 12, 12), (16, 16, 3, 3), cl)
+        found[name] = {c.prop: c.impl for c in calls if c.op == "convolution"}
+    stem = [c for c in _trace((2, 3, 16, 16), (16, 3, 3, 3)) if c.op == "convolution"]
+    bwd = next((c for c in stem if c.prop == "backward_data"), None)
+    if bwd is not None:
+        found["stem_backward_data"] = {
+            "impl": bwd.impl, "block": _block(bwd.layouts),
+            "padded": bool(re.search(r"src:f32:[a-z]*p[a-z]*:blocked", bwd.layouts))}
+    return found
+
+
+def _lanes(impl: str) -> int | None:
+    m = re.match(r"jit:([a-z0-9]+?)(_core|_vnni|_bf16|_fp16|_amx)*$", impl or "")
+    if not m:
+        return None
+    return next((v for k, v in _LANES.items() if m.group(1).startswith(k)), None)
+
+
+def check_block_follows_isa() -> Outcome:
+    """The stem's grad_input is held in a block of one vector register of float32 (16 on
+    AVX-512, 8 on AVX2) and padded from 3 channels."""
+    here = implementations()
+    stem = here.get("stem_backward_data")
+    if not stem:
+        return cannot("oneDNN ran no backward_data here (oneDNN not built in?)")
+    lanes = _lanes(stem["impl"])
+    if lanes is None:
+        return cannot(f"backward_data ran {stem['impl']}, not a direct JIT kernel",
+                      **stem)
+    want = max(lanes, 8)  # SSE4.1 kernels still block by 8 (two registers)
+    return verdict(stem["block"] == want and stem["padded"],
+                   f"{stem['impl']}: grad_input in a block of {stem['block']}"
+                   f"{' (padded)' if stem['padded'] else ''}; vector {lanes} floats",
+                   **stem, lanes=lanes)
+
+
+def check_sse41_no_jit_backward() -> Outcome:
+    """Capped at SSE4.1, oneDNN runs its forward with a JIT kernel but both backward passes
+    on its GEMM fallback (a fresh process under the cap)."""
+    low = facts_under(LOW_ISA_ENV)["onednn"]
+    if not low:
+        return cannot("oneDNN is not built into this torch")
+    impl = low["nchw"]
+    fwd = impl.get("forward_training", "?")
+    bwd = {k: v for k, v in impl.items() if k.startswith("backward")}
+    ok = fwd.startswith("jit") and bool(bwd) and not any(v.startswith("jit")
+                                                         for v in bwd.values())
+    text = ", ".join(f"{k} {v}" for k, v in impl.items())
+    return verdict(ok, f"under SSE4.1: {text}", implementations=impl)
+
+
+def check_channels_last_brgemm() -> Outcome:
+    """A channels_last backward_data runs a brgemm kernel, not the NCHW path's JIT one."""
+    here = implementations()
+    if not here:
+        return cannot("oneDNN is not built into this torch")
+    cl, nchw = here["channels_last"].get("backward_data", "?"), here["nchw"].get(
+        "backward_data", "?")
+    return verdict(cl.startswith("brg") and cl != nchw,
+                   f"backward_data: NCHW {nchw}, channels_last {cl}",
+                   nchw=nchw, channels_last=cl)
+
+
+def check_record_for_this_impl() -> Outcome:
+    """Some committed record ran oneDNN's backward with this machine's implementation."""
+    from convlab.lab import machine, records
+
+    impls = machine._onednn_probe_here().get("implementations") or {}
+    assert isinstance(impls, dict)
+    here = impls.get("backward_weights") or impls.get("backward_data")  # as fingerprint()
+    if not here:
+        return cannot("oneDNN ran no backward convolution here")
+    found = records.load_records()
+    same = [r.label for r in found if r.fingerprint.get("onednn_isa") == here]
+    return verdict(bool(same), f"{here}: {len(same)} of {len(found)} records"
+                   + (f" ({'; '.join(same)})" if same else ""), impl=here, records=same)
+
+
+def llc_bytes() -> int | None:
+    """The largest cache of CPU 0 as sysfs reports it (bytes), or None."""
+    sizes = []
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            text = (index / "size").read_text().strip()
+        except OSError:
+            continue
+        m = re.fullmatch(r"(\d+)([KMG]?)", text)
+        if m:
+            sizes.append(int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)])
+    return max(sizes) if sizes else None
+
+
+def check_stream_beyond_llc() -> Outcome:
+    """The roofline's STREAM arrays (3 float32 arrays) exceed the last-level cache 4x, so
+    triad measures DRAM, not a cache."""
+    from convlab.lab import roofline
+
+    llc = llc_bytes()
+    if llc is None:
+        return cannot("no cache sizes in /sys/devices/system/cpu/cpu0/cache")
+    arrays = 3 * 4 * 2 ** roofline.FULL["stream_log2"]
+    return verdict(arrays >= 4 * llc, f"3 arrays {arrays / 2**20:.0f} MiB, LLC "
+                   f"{llc / 2**20:.0f} MiB ({arrays / llc:.1f}x)", arrays=arrays, llc=llc)
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("ch7_block_follows_isa", 7,
+          "For the 3-channel stem oneDNN computes grad_input in a padded block of channels "
+          "as wide as one vector register (16 on AVX-512, 8 on AVX2).",
+          "oneDNN's direct JIT kernel for this ISA", check_block_follows_isa),
+    Claim("ch7_sse41_no_jit_backward", 7,
+          "Capped at SSE4.1, oneDNN 3.x has a JIT forward convolution but no JIT backward "
+          "one: both backward passes fall back to gemm.",
+          "oneDNN's kernels under ONEDNN_MAX_CPU_ISA=SSE41", check_sse41_no_jit_backward),
+    Claim("ch7_channels_last_brgemm", 7,
+          "With channels_last, oneDNN's backward_data runs a brgemm kernel, not the direct "
+          "JIT kernel of NCHW.",
+          "oneDNN's brgemm kernels (AVX2 and up)", check_channels_last_brgemm),
+    Claim("ch7_record_for_this_impl", 7,
+          "A committed record ran oneDNN's backward with this machine's implementation, "
+          "so the live cell can compare with it.",
+          "which machines have committed records", check_record_for_this_impl),
+    Claim("ch7_stream_beyond_llc", 7,
+          "The triad runs on float32 arrays larger than the last-level cache.",
+          "the LLC size (sysfs) against the records' STREAM size", check_stream_beyond_llc),
+    Claim("ch10_sse41_no_direct_jit", 10,
+          "Capped at SSE4.1, oneDNN 3.x has no direct JIT backward convolution (its "
+          "forward is still JIT).",
+          "oneDNN's kernels under ONEDNN_MAX_CPU_ISA=SSE41", check_sse41_no_jit_backward),
+)

@@ -1,0 +1,233 @@
+"""Timing claims (chapters 7 and 9), each one interleaved run with its own A/A pairs.
+
+Runs are small (a few ms per call, 7 rounds) and at one thread, so that they fit the
+registry's budget and are not dominated by waiting on descheduled threads. A verdict is the
+sign test of :mod:`convlab.lab.timing` against the pooled A/A band of the same run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from convlab.aten.backends import use_backend
+from convlab.lab import timing
+from convlab.lab.claims.core import Claim, Outcome, cannot, verdict
+from convlab.lab.claims.probe import randn
+from convlab.scratch.per_sample import per_sample_weight_grad
+
+ROUNDS = 7
+GEMM_N = 384
+
+
+def timed(fns: dict[str, Callable[[], object]], pairs: list[tuple[str, str]],
+          around: dict[str, Any] | None = None) -> tuple[dict[str, timing.Timing], float]:
+    """One interleaved run of ``fns`` at 1 thread and the A/A band of ``pairs`` in it."""
+    t = timing.interleaved(fns, rounds=ROUNDS, min_run_time=0.01, min_calls=10, threads=1,
+                           around=around)
+    return t, timing.aa_band([(t[a], t[b]) for a, b in pairs])
+
+
+def check_mkl_generic_path_slow() -> Outcome:
+    """MKL's GEMM (``torch.mm``) runs clearly below oneDNN's matmul here, as a generic,
+    far-below-peak path would."""
+    if not torch.backends.mkldnn.is_available() or not torch.backends.mkl.is_available():
+        return cannot("needs both MKL and oneDNN in this torch")
+    from convlab.lab import machine
+
+    a, b = randn(GEMM_N, GEMM_N), randn(GEMM_N, GEMM_N, seed=1)
+    am, bm = a.to_mkldnn(), b.to_mkldnn()
+    fns = {"mm": lambda: torch.mm(a, b), "mm'": lambda: torch.mm(a, b),
+           "dnn": lambda: torch._C._nn.mkldnn_linear(am, bm, None),
+           "dnn'": lambda: torch._C._nn.mkldnn_linear(am, bm, None)}
+    t, band = timed(fns, [("mm", "mm'"), ("dnn", "dnn'")])
+    v = timing.compare(t["mm"], t["dnn"], band)
+    flops = 2 * GEMM_N**3
+    mkl, dnn = flops / t["mm"].median / 1e9, flops / t["dnn"].median / 1e9
+    path = machine._mkl_probe_here() or "?"
+    return verdict(v.verdict == "slower",
+                   f"1 thread, n={GEMM_N}: MKL mm {mkl:.0f} GFLOP/s, oneDNN matmul "
+                   f"{dnn:.0f}; mm/oneDNN time x{v.ratio.median:.2f} (A/A band "
+                   f"{band:.0%}): {v.verdict}; MKL says {path!r}",
+                   mkl_gflops=mkl, onednn_gflops=dnn, ratio=v.ratio.median, band=band,
+                   verdict=v.verdict, mkl_path=path)
+
+
+def check_stem_padded_block_growth() -> Outcome:
+    """oneDNN's stem grad_input time from C_in=3 to C_in=16 grows as the padded block
+    predicts: ceil(16/b) / ceil(3/b) (x1 for b=16, x2 for b=8), within the A/A band."""
+    from convlab.lab.claims.onednn import implementations
+
+    stem = implementations().get("stem_backward_data")
+    if not stem or not stem.get("block") or not str(stem.get("impl", "")).startswith("jit"):
+        return cannot(f"no blocked JIT backward_data here ({(stem or {}).get('impl')})")
+    block = int(stem["block"])
+    predicted = math.ceil(16 / block) / math.ceil(3 / block)
+    fns, around = {}, {}
+    for c in (3, 16):
+        x, w = randn(4, c, 32, 32), randn(16, c, 3, 3, seed=1)
+        go = randn(4, 16, 32, 32, seed=2)
+        for name in (f"c{c}", f"c{c}'"):
+            fns[name] = lambda x=x, w=w, go=go: torch.ops.aten.convolution_backward(
+                go, x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1,
+                [True, False, False])
+            around[name] = lambda x=x, w=w: use_backend("mkldnn", x, w, None, 1, 1)
+    t, band = timed(fns, [("c3", "c3'"), ("c16", "c16'")], around)
+    ratio = timing.ratio(t["c16"], t["c3"]).median
+    ok = predicted / (1 + band) <= ratio <= predicted * (1 + band)
+    return verdict(ok, f"{stem['impl']}, block {block}: grad_input time C_in 16 / 3 = "
+                   f"x{ratio:.2f}, predicted x{predicted:.0f} (A/A band {band:.0%})",
+                   block=block, ratio=ratio, predicted=predicted, band=band)
+
+
+def _per_sample_fns(n: int, c_in: int, c_out: int, size: int, k: int
+                    ) -> dict[str, Callable[[], object]]:
+    x, go = randn(n, c_in, size, size), randn(n, c_out, size, size, seed=2)
+    shape = (c_out, c_in, k, k)
+    fns = {}
+    for method in ("grouped", "im2col"):
+        for name in (method, method + "'"):
+            fns[name] = lambda m=method: per_sample_weight_grad(x, shape, go, 1, k // 2,
+                                                                method=m)
+    return fns
+
+
+def check_grouped_fastest() -> Outcome:
+    """The grouped route (samples as groups, one oneDNN call) is faster than the im2col
+    route on chapter 9's layer (N=8, 16->32, 32x32, 3x3, 1 thread), beyond the band."""
+    t, band = timed(_per_sample_fns(8, 16, 32, 32, 3),
+                    [("grouped", "grouped'"), ("im2col", "im2col'")])
+    v = timing.compare(t["grouped"], t["im2col"], band)
+    return verdict(v.verdict == "faster",
+                   f"grouped / im2col time x{v.ratio.median:.2f} (A/A band {band:.0%}, "
+                   f"{ROUNDS} rounds): {v.verdict}",
+                   ratio=v.ratio.median, band=band, verdict=v.verdict)
+
+
+def check_grouped_gemm_fallback_few_channels() -> Outcome:
+    """With 3 channels per group the grouped route's oneDNN backward_weights is its GEMM
+    fallback, not a JIT kernel."""
+    if not torch.backends.mkldnn.is_available():
+        return cannot("oneDNN is not built into this torch")
+    from convlab.lab.profiling import onednn_trace
+
+    x, go = randn(8, 3, 32, 32), randn(8, 16, 32, 32, seed=2)
+    calls = onednn_trace(lambda: per_sample_weight_grad(x, (16, 3, 5, 5), go, 1, 2))
+    impls = sorted({c.impl for c in calls if c.prop == "backward_weights"})
+    if not impls:
+        return cannot("oneDNN ran no backward_weights for the grouped route here")
+    return verdict(all("gemm" in i for i in impls),
+                   f"grouped route, 3 channels per group: backward_weights "
+                   f"{', '.join(impls)}", implementations=impls)
+
+
+def _grouped_vs_expanded() -> tuple[list[str], list[str]]:
+    from torch.nn.utils._per_sample_grad import call_for_per_sample_grads
+
+    from convlab.lab.profiling import onednn_trace
+
+    n, c_in, c_out, size, k = 8, 16, 32, 32, 3
+    x, go = randn(n, c_in, size, size), randn(n, c_out, size, size, seed=2)
+    conv = torch.nn.Conv2d(c_in, c_out, k, padding=k // 2, bias=False)
+
+    def expanded() -> None:
+        conv.weight.grad_sample = None
+        call_for_per_sample_grads(conv, loss_reduction="sum")(x).backward(go)
+
+    def name(c: Any) -> str:
+        return f"{c.prop} {c.impl}"
+
+    grouped = onednn_trace(lambda: per_sample_weight_grad(x, (c_out, c_in, k, k), go, 1, 1))
+    return ([name(c) for c in grouped if c.op == "convolution"],
+            [name(c) for c in onednn_trace(expanded) if c.op == "convolution"])
+
+
+def check_expanded_weights_same_kernel() -> Outcome:
+    """At N=8 (< 32) ExpandedWeights runs the grouped route's oneDNN primitive (the same
+    pass and implementation) for its weight gradient."""
+    if not torch.backends.mkldnn.is_available():
+        return cannot("oneDNN is not built into this torch")
+    grouped, expanded = _grouped_vs_expanded()
+    if not grouped:
+        return cannot("the grouped route ran no oneDNN convolution here")
+    return verdict(all(g in expanded for g in grouped),
+                   f"grouped: {'; '.join(sorted(set(grouped)))}. ExpandedWeights: "
+                   f"{'; '.join(sorted(set(expanded))) or 'no oneDNN call'}",
+                   grouped=grouped, expanded=expanded)
+
+
+def mkl_gflops() -> float:
+    """MKL's 1-thread sgemm rate (GFLOP/s of thread CPU time, n=``GEMM_N``), by CPU time
+    so that a busy machine's preemption does not count."""
+    import time
+
+    torch.set_num_threads(1)  # restored by the registry (kept_flags)
+    a, b = randn(GEMM_N, GEMM_N), randn(GEMM_N, GEMM_N, seed=1)
+    torch.mm(a, b)
+    best = math.inf
+    for _ in range(5):
+        start = time.thread_time()
+        for _ in range(4):
+            torch.mm(a, b)
+        best = min(best, (time.thread_time() - start) / 4)
+    return 2 * GEMM_N**3 / best / 1e9
+
+
+# SSE4.2 has 4-wide vectors and no FMA against AVX2's 8-wide FMA (4x the peak): an MKL
+# that the setting really capped runs at well under 1/1.5 of its uncapped rate.
+CAPPED_FACTOR = 1.5
+
+
+def check_sse41_setting_caps_mkl() -> Outcome:
+    """Under the records' SSE4.1 setting MKL's GEMM is slowed as an SSE4.1 machine's
+    would be (at least 1.5x below its rate here), i.e. the setting caps MKL too."""
+    from convlab.lab import machine
+    from convlab.lab.claims.probe import capped_env, facts_under
+
+    if not torch.backends.mkl.is_available():
+        return cannot("this torch does not use MKL")
+    setting = next((s for s in machine.ISA_SETTINGS if s.label == "sse41"), None)
+    if setting is None:
+        return cannot("no sse41 setting in convlab.lab.machine")
+    if capped_env() == dict(setting.env) or "avx2" not in machine.cpu_flags():
+        return cannot("this process or CPU is already at the SSE4.1 level")
+    here, there = mkl_gflops(), facts_under(dict(setting.env))["mkl_gflops"]
+    return verdict(here / there >= CAPPED_FACTOR,
+                   f"MKL sgemm 1 thread (CPU time): here {here:.0f} GFLOP/s, under the "
+                   f"sse41 setting {there:.0f} (x{here / there:.2f}; capped <= "
+                   f"x{1 / CAPPED_FACTOR:.2f})", here=here, sse41=there,
+                   env=dict(setting.env))
+
+
+CLAIMS: tuple[Claim, ...] = (
+    Claim("ch7_mkl_generic_path_slow", 7,
+          "On AMD CPUs MKL may take a generic path, far below the machine's peak.",
+          "MKL's code path on this CPU (its header names no ISA on AMD)",
+          check_mkl_generic_path_slow),
+    Claim("ch7_stem_padded_block_growth", 7,
+          "oneDNN computes the stem's grad_input in a padded channel block, so its time "
+          "from 3 to 16 input channels grows as ceil(C/block): x1 at block 16, x2 at 8.",
+          "oneDNN's block for this ISA; the machine's noise (A/A band)",
+          check_stem_padded_block_growth),
+    Claim("ch9_grouped_fastest", 9,
+          "The grouped route is the fastest weight-only route on chapter 9's layer "
+          "(faster than im2col beyond the A/A band).",
+          "oneDNN's grouped JIT kernel for this ISA; MKL's GEMM", check_grouped_fastest),
+    Claim("ch9_grouped_gemm_fallback_few_channels", 9,
+          "With few channels per group (a 3-channel stem) oneDNN's grouped backward "
+          "falls back to its GEMM kernel, where the im2col route can win.",
+          "oneDNN's kernels for this ISA", check_grouped_gemm_fallback_few_channels),
+    Claim("ch9_expanded_weights_same_kernel", 9,
+          "At N = 8 < 32 ExpandedWeights takes the grouped route, so its row measures its "
+          "overhead around the same kernel.",
+          "ExpandedWeights' threshold (32) and oneDNN's kernels",
+          check_expanded_weights_same_kernel),
+    Claim("ch7_sse41_setting_caps_mkl", 7,
+          "The SSE4.1 record models an SSE4.1 machine: its setting caps MKL's GEMM as well "
+          "as oneDNN and ATen.",
+          "MKL_ENABLE_INSTRUCTIONS in the setting, and MKL honouring it on this CPU",
+          check_sse41_setting_caps_mkl),
+)

@@ -3,6 +3,8 @@ checks ATen's paths against an independent implementation (never against themsel
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -57,6 +59,22 @@ def test_doctor_prints_the_machine_fingerprint(doctor_output) -> None:
     assert "ISA settings `make records` measures here: " in section
     if torch.backends.mkldnn.is_available():
         assert str(fp["onednn_isa"]) in section
+
+
+def test_doctor_prints_the_mkl_code_path_whole(monkeypatch) -> None:
+    """E5: MKL's path on an AVX-512/AMX CPU holds commas (tests/fixtures/cpus, Intel)."""
+    from convlab.lab import machine
+
+    fixture = (Path(__file__).parent / "fixtures" / "cpus"
+               / "intel-xeon-sapphire-rapids-x2.txt").read_text()
+    path = machine.parse_mkl_verbose(fixture)
+    fp = {**machine.fingerprint(), "blas": {"mkl_version": "2024.2", "mkl_path": path,
+                                            "numpy_blas": []}}
+    monkeypatch.setattr(machine, "fingerprint", lambda: fp)
+    lines = doctor.fingerprint_lines()
+    assert f"MKL code path: {path}" in lines
+    assert f"MKL 2024.2 ({path})" in lines[0]
+    assert path.endswith("Intel(R) AMX) with INT8 and BF16") and "BF16, FP16" in path
 
 
 def test_doctor_has_an_accuracy_section(doctor_output) -> None:

@@ -1,4 +1,5 @@
-"""convlab.lab.machine: the fingerprint, its parsers and the ISA settings."""
+"""convlab.lab.machine: the fingerprint, its parsers and the ISA settings, the settings'
+checks over fixtures of several CPUs (tests/fixtures/cpus: none depends on this CPU)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,26 @@ import sys
 
 import pytest
 import torch
+from fixtures.cpu_fixtures import INTEL, fixture_run, intel_fixture, json_fixture, setting
 
 from convlab.lab import machine
+
+OFFERED = {
+    "intel": ["amx", "avx512_fp16", "avx512_bf16", "avx512", "avx2", "sse41"],
+    "amd-epyc-avx512-bf16-x2": ["avx512_bf16", "avx512", "avx2", "sse41"],
+    "amd-epyc-avx2-x2": ["avx2", "sse41"],
+    "synthetic-avx512-no-bf16": ["avx512", "avx2", "sse41"],
+    "synthetic-sse42-only": ["sse41"],
+}
+# What the fixtures show (absent: the cap is observed to take effect). The Intel strings
+# hold float32 kernels only, and oneDNN runs jit:avx512_core for float32 under every AVX-512
+# cap, so the bf16/fp16/AMX caps cannot be verified from them (a records run skips them).
+NOT_VERIFIED = {
+    ("intel", "amx"): "cannot verify the cap: no oneDNN kernel at avx512_core_amx",
+    ("intel", "avx512_fp16"): "cannot verify the cap: no oneDNN kernel at avx512_core_fp16",
+    ("intel", "avx512_bf16"): "cannot verify the cap: no oneDNN kernel at avx512_core_bf16",
+}
+CASES = [(cpu, label) for cpu, labels in OFFERED.items() for label in labels]
 
 AVX512_BF16 = {"sse4_1", "avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl",
                "avx512_bf16"}
@@ -29,8 +48,12 @@ def test_available_settings_cap_downwards_only():
 
 def test_settings_name_both_libraries():
     for s in machine.ISA_SETTINGS:
-        assert set(s.env) == {"ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY"}
+        assert set(s.env) == set(machine.ISA_ENV_VARS) == {
+            "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"}
         assert s.env["ATEN_CPU_CAPABILITY"] in {"default", "avx2", "avx512"}
+    # MKL's levels within each cap (its mkl_enable_instructions reference, oneMKL 2024.2)
+    assert [s.mkl for s in machine.ISA_SETTINGS] == [
+        "AVX512_E4", "AVX512_E3", "AVX512_E3", "AVX512", "AVX2", "SSE4_2"]
     assert machine.ISA_ORDER[-1] == "sse41"
 
 
@@ -71,14 +94,83 @@ def test_parse_mkl_verbose():
     assert machine.parse_mkl_verbose("nothing") is None
 
 
-def test_check_setting_names_what_did_not_take_effect():
-    avx2 = next(s for s in machine.ISA_SETTINGS if s.label == "avx2")
-    good = {"aten_cpu_capability": "AVX2", "onednn_isa_info": "Intel AVX2"}
-    assert machine.check_setting(avx2, good) == []
-    bad = machine.check_setting(avx2, {"aten_cpu_capability": "DEFAULT",
-                                       "onednn_isa_info": "Intel SSE4.1"})
-    assert len(bad) == (2 if torch.backends.mkldnn.is_available() else 1)
-    assert "ATen reports 'DEFAULT'" in bad[0]
+def test_the_mkl_code_path_is_kept_whole():
+    """The Intel AMX header: the path holds commas; it runs up to the OS field."""
+    (line,) = [ln for ln in INTEL.read_text().splitlines() if ln.startswith("MKL_VERBOSE")]
+    path = machine.parse_mkl_verbose(line)
+    assert path == ("Intel(R) Advanced Vector Extensions 512 (Intel(R) AVX-512) with support "
+                    "for INT8, BF16, FP16 (limited) instructions, and Intel(R) Advanced "
+                    "Matrix Extensions (Intel(R) AMX) with INT8 and BF16")
+    assert machine.parse_mkl_verbose(line.replace(", Lnx", ", Win")) == path
+    fp = {"cpu_model": "Intel Xeon", "cores": 2, "blas": {"mkl_version": "2024.2",
+                                                          "mkl_path": path}}
+    assert f"MKL 2024.2 ({path})" in machine.fingerprint_line(fp)
+
+
+@pytest.mark.parametrize(("impl", "isa"), [
+    ("jit:avx2", "avx2"), ("jit:sse41", "sse41"), ("x64:gemm:jit", None), ("ref:any", None),
+    ("jit_bf16:avx512_core_bf16", "avx512_core_bf16"), ("jit:avx512_core", "avx512_core"),
+    ("brg_conv_fwd:avx512_core_amx", "avx512_core_amx"), ("jit:avx2_vnni_2", "avx2_vnni_2"),
+    ("brg_conv_fwd:avx10_1_512_amx", "avx10_1_512_amx"), ("jit_dw:avx512_core", "avx512_core"),
+])
+def test_onednn_isa_of_an_implementation(impl, isa):
+    assert machine.onednn_isa_of(impl) == isa
+
+
+def test_every_setting_names_a_ranked_onednn_isa_widest_first():
+    ranks = [s.rank for s in machine.ISA_SETTINGS]
+    assert ranks == sorted(ranks, reverse=True) and len(set(ranks)) == len(ranks)
+
+
+@pytest.mark.parametrize("cpu", OFFERED)
+def test_fixture_cpus_offer_their_settings(cpu):
+    flags = intel_fixture()["flags"] if cpu == "intel" else json_fixture(cpu)["flags"]
+    assert [s.label for s in machine.available_settings(flags)] == OFFERED[cpu]
+    if cpu != "intel":
+        assert list(json_fixture(cpu)["runs"]) == OFFERED[cpu]
+
+
+@pytest.mark.parametrize(("cpu", "label"), CASES, ids=[f"{c}-{lb}" for c, lb in CASES])
+def test_a_setting_counts_as_taken_when_its_cap_is_observed(cpu, label):
+    problems = machine.check_setting(setting(label), fixture_run(cpu, label), onednn=True)
+    want = NOT_VERIFIED.get((cpu, label))
+    if want:
+        assert len(problems) == 1 and problems[0].startswith(want), problems
+    else:
+        assert problems == []
+
+
+def test_vendor_prose_is_never_read():
+    """oneDNN 3.12 calls the AVX512_CORE_FP16 cap "Intel AVX 10.1": a description plays no
+    part, only the kernels that ran do."""
+    run = fixture_run("amd-epyc-avx512-bf16-x2", "avx512_bf16")
+    for info in (None, "Intel AVX 10.1", "with float16", "anything"):
+        assert machine.check_setting(setting("avx512_bf16"), {**run, "onednn_isa_info": info},
+                                     onednn=True) == []
+
+
+def test_a_cap_that_did_not_take_effect_is_named():
+    intel_uncapped = {**intel_fixture()["runs"][None], "aten_cpu_capability": "AVX2"}
+    (problem,) = machine.check_setting(setting("avx2"), intel_uncapped, onednn=True)
+    assert problem == "oneDNN ran jit:avx512_core (float32), above the avx2 cap"
+    bf16 = fixture_run("amd-epyc-avx512-bf16-x2", "avx512_bf16")
+    (problem,) = machine.check_setting(setting("avx512"), bf16, onednn=True)
+    assert problem == ("oneDNN ran jit_bf16:avx512_core_bf16 (bfloat16), above the "
+                       "avx512_core cap")
+    aten = {**fixture_run("amd-epyc-avx2-x2", "sse41"), "aten_cpu_capability": "AVX2"}
+    assert machine.check_setting(setting("sse41"), aten, onednn=True) == [
+        "ATen reports 'AVX2', expected 'DEFAULT'"]
+    # the Intel strings as taken: ATen was not capped then
+    raw = intel_fixture()["runs"]["SSE41"]
+    assert "ATen reports 'AVX512'" in machine.check_setting(setting("sse41"), raw,
+                                                            onednn=True)[0]
+
+
+def test_without_onednn_only_aten_is_checked():
+    run = {"aten_cpu_capability": "AVX2", "onednn_implementations": {}}
+    assert machine.check_setting(setting("avx2"), run, onednn=False) == []
+    (problem,) = machine.check_setting(setting("avx2"), run, onednn=True)
+    assert problem.startswith("cannot verify the cap") and "highest: none" in problem
 
 
 def test_fingerprint_of_this_process():
@@ -92,6 +184,8 @@ def test_fingerprint_of_this_process():
     if torch.backends.mkldnn.is_available():
         assert fp["onednn_isa"] and fp["onednn_isa_info"]
         assert set(fp["onednn_implementations"]) >= {"backward_data", "backward_weights"}
+        by_dtype = fp["onednn_dtype_implementations"]
+        assert ("bfloat16" in by_dtype) == bool(fp["mkldnn_bf16_supported"])
     line = machine.fingerprint_line(fp)
     assert f"x{fp['cores']}" in line and str(fp["aten_cpu_capability"]) in line
 
@@ -119,3 +213,31 @@ def test_a_fresh_process_under_the_lowest_setting_reports_it():
                          capture_output=True, text=True, check=True).stdout
     capability, problems = json.loads(out.strip().splitlines()[-1])
     assert capability == "DEFAULT" and problems == []
+
+
+def _sysfs(root, caches):
+    for i, (level, kind, size) in enumerate(caches):
+        d = root / f"index{i}"
+        d.mkdir(parents=True)
+        for name, value in (("level", level), ("type", kind), ("size", size)):
+            (d / name).write_text(f"{value}\n")
+    return root
+
+
+@pytest.mark.parametrize(("caches", "sizes", "llc"), [
+    # the Intel fixture's CPU: L2 4 MiB, L3 300 MiB
+    ([(1, "Data", "48K"), (1, "Instruction", "32K"), (2, "Unified", "4096K"),
+      (3, "Unified", "307200K")],
+     {"L1d": 48 * 2**10, "L1i": 32 * 2**10, "L2": 4 * 2**20, "L3": 300 * 2**20}, 300 * 2**20),
+    # the AMD EPYC records' CPU: L3 32 MiB
+    ([(1, "Data", "32K"), (1, "Instruction", "32K"), (2, "Unified", "1024K"),
+      (3, "Unified", "32768K")],
+     {"L1d": 2**15, "L1i": 2**15, "L2": 2**20, "L3": 2**25}, 2**25),
+    ([(1, "Data", "32K"), (2, "Unified", "2M")], {"L1d": 2**15, "L2": 2 * 2**20}, 2 * 2**20),
+    ([], {}, None),
+])
+def test_cache_sizes_from_sysfs(tmp_path, caches, sizes, llc):
+    root = _sysfs(tmp_path / "cache", caches)
+    assert machine.cache_sizes(root) == sizes
+    assert machine.last_level_cache(machine.cache_sizes(root)) == llc
+    assert machine.cache_sizes(tmp_path / "missing") == {}

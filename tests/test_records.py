@@ -5,20 +5,25 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from fixtures.cpu_fixtures import fixture_run, intel_fixture, setting
 
 from convlab.lab import machine, records
 
-COMMITTED = sorted(records.RECORDS_DIR.glob("*.json"))
+COMMITTED = sorted(p for p in records.RECORDS_DIR.glob("*.json")
+                   if not p.name.endswith(records.MANIFEST_SUFFIX))
 
 
 def _record(isa: str = "avx2", model: str = "AMD EPYC", cores: int = 2, **sections) -> dict:
     fp = {key: None for key in records.FINGERPRINT_KEYS}
-    fp.update(cpu_model=model, cores=cores, aten_cpu_capability="AVX2", threads=2)
+    fp.update(cpu_model=model, cores=cores, aten_cpu_capability="AVX2", threads=2,
+              isa_flags=["avx2"], blas={}, torch_version="2.13.0+cpu", torch_build="cpu",
+              python="3.12.0")
     return {"schema": 1, "isa": isa, "env": {}, "created": "2026-12-01T20:40:00Z",
             "quick": False, "load": {"before": [1.0, 2.0, 3.0], "after": [1.0, 2.0, 3.0]},
             "fingerprint": fp, "sections": sections or {"suite": {"x": 1}},
@@ -33,23 +38,62 @@ def test_every_committed_record_is_valid(path: Path):
     assert path.name == f"{rec.machine}__{rec.isa}.json"
     assert rec.fingerprint["aten_cpu_capability"] == next(
         s.aten for s in machine.ISA_SETTINGS if s.label == rec.isa)
-    assert rec.env == next(s.env for s in machine.ISA_SETTINGS if s.label == rec.isa)
+    env = next(s.env for s in machine.ISA_SETTINGS if s.label == rec.isa)
+    # records taken before settings capped MKL lack its variable, and say so
+    assert rec.env in (env, {k: v for k, v in env.items() if k != "MKL_ENABLE_INSTRUCTIONS"})
+    assert rec.mkl_capped is (rec.mkl_cap["changed"] if "MKL_ENABLE_INSTRUCTIONS" in rec.env
+                              else False)
     for name, section in rec.sections.items():
         assert name in records.SECTIONS
         assert isinstance(section, dict)
 
 
 def test_committed_records_cover_every_setting_of_their_machine():
+    """Each offered setting has a record or, in the machine's manifest, a reason."""
     assert COMMITTED, f"no record in {records.RECORDS_DIR}: run `make records`"
     by_machine: dict[str, set[str]] = {}
     for rec in records.load_records():
         by_machine.setdefault(rec.machine, set()).add(rec.isa)
         flags = set(rec.fingerprint["isa_flags"])
         assert rec.isa in {s.label for s in machine.available_settings(flags)}
+    manifests = records.load_manifests()
+    assert set(manifests) <= set(by_machine), "a manifest for a machine with no record"
     for slug, isas in by_machine.items():
         rec = next(r for r in records.load_records() if r.machine == slug)
         want = {s.label for s in machine.available_settings(set(rec.fingerprint["isa_flags"]))}
-        assert isas == want, slug
+        skipped = manifests.get(slug, {})
+        assert not isas & set(skipped), f"{slug}: both a record and a skip reason"
+        assert isas | set(skipped) == want, slug
+
+
+def test_manifest_round_trip_and_validation(tmp_path):
+    path = records.note_skipped("cpu-x2", "avx512_fp16", "cap  not\nobserved", tmp_path)
+    assert path.name == "cpu-x2.manifest.json"
+    records.note_skipped("cpu-x2", "amx", "no AMX kernel seen", tmp_path)
+    assert records.load_manifests(tmp_path) == {"cpu-x2": {
+        "amx": "no AMX kernel seen", "avx512_fp16": "cap not observed"}}
+    assert list(records.read_manifest(path)) == ["amx", "avx512_fp16"]  # widest first
+    (tmp_path / "cpu-x2__avx2.json").write_text(json.dumps(_record(model="CPU")))
+    assert [r.isa for r in records.load_records(tmp_path)] == ["avx2"]  # not a record
+    records.note_skipped("cpu-x2", "amx", None, tmp_path)
+    records.note_skipped("cpu-x2", "avx512_fp16", None, tmp_path)
+    assert not path.exists() and records.load_manifests(tmp_path) == {}
+
+
+@pytest.mark.parametrize(("data", "problem"), [
+    ([], "a manifest is a JSON object"),
+    ({"schema": 1, "machine": "other", "skipped_settings": {}}, "machine must be"),
+    ({"schema": 1, "machine": "m", "skipped_settings": []}, "must be an object"),
+    ({"schema": 1, "machine": "m", "skipped_settings": {"avx9": "x"}}, "'avx9' is none"),
+    ({"schema": 1, "machine": "m", "skipped_settings": {"amx": " "}}, "non-empty reason"),
+    ({"schema": True, "machine": "m", "skipped_settings": {}}, "schema must be 1"),
+    ({"schema": 1, "machine": "m", "skipped_settings": {}, "x": 1}, "unknown keys 'x'"),
+])
+def test_manifest_validation_names_the_problem(tmp_path, data, problem):
+    path = tmp_path / "m.manifest.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"m.manifest.json: invalid manifest: .*{problem}"):
+        records.read_manifest(path)
 
 
 @pytest.mark.parametrize(("change", "problem"), [
@@ -61,12 +105,52 @@ def test_committed_records_cover_every_setting_of_their_machine():
     (lambda d: d["fingerprint"].pop("onednn_isa"), "fingerprint lacks onednn_isa"),
     (lambda d: d.update(created="yesterday"), "not an ISO time"),
     (lambda d: d["sections"].update(suite=[1]), "section 'suite' must be an object"),
+    (lambda d: d["fingerprint"].update(cores="2"), "fingerprint.cores must be int, got str"),
+    (lambda d: d["fingerprint"].update(cores=True), "fingerprint.cores must be int, got bool"),
+    (lambda d: d["fingerprint"].update(cpu_model=None), "fingerprint.cpu_model must be str"),
+    (lambda d: d["fingerprint"].update(blas=[]), "fingerprint.blas must be dict, got list"),
+    (lambda d: d.update(section_meta=[]), "'section_meta' must be dict, got list"),
+    (lambda d: d["section_meta"].update(suite=3), "section_meta['suite'] must be an object"),
+    (lambda d: d["load"].update(after=[1.0, float("nan"), 2.0]),
+     "record.load.after[1] is not a finite number"),
+    (lambda d: d["sections"]["suite"].update(t=float("inf")),
+     "record.sections.suite.t is not a finite number"),
+    (lambda d: d["sections"].update(claims={"ch3_x": {"evidence": "e"}}),
+     "sections.claims['ch3_x'] must be an object with a string status"),
 ])
 def test_validate_names_the_problem(change, problem):
     data = _record()
     change(data)
     assert any(problem in p for p in records.validate(data)), records.validate(data)
     assert records.validate([]) == ["a record is a JSON object, got list"]
+
+
+@pytest.mark.parametrize(("change", "key"), [
+    (lambda d: d["fingerprint"].update(cores="2"), "fingerprint.cores"),
+    (lambda d: d.update(section_meta=["suite"]), "'section_meta'"),
+    (lambda d: d["load"].update(before=[float("nan")] * 3), "record.load.before[0]"),
+])
+def test_loader_names_file_and_key(tmp_path, change, key):
+    data = _record()
+    change(data)
+    path = tmp_path / "amd-epyc-x2__avx2.json"
+    path.write_text(json.dumps(data))  # json writes NaN as the token json.loads accepts
+    with pytest.raises(ValueError, match="amd-epyc-x2__avx2.json: invalid record: "
+                       f".*{re.escape(key)}"):
+        records.read_record(path)
+
+
+def test_a_record_without_claims_or_section_meta_still_loads(tmp_path):
+    data = _record()
+    del data["section_meta"]
+    path = tmp_path / "amd-epyc-x2__avx2.json"
+    path.write_text(json.dumps(data))
+    rec = records.read_record(path)
+    assert rec.section_meta == {} and "claims" not in rec.sections
+    data["sections"]["claims"] = {"ch3_bf16_routes_mkldnn": {"status": "holds"}}
+    path.write_text(json.dumps(data))
+    assert records.read_record(path).section("claims")["ch3_bf16_routes_mkldnn"]["status"] \
+        == "holds"
 
 
 def test_loader_sorts_by_machine_then_widest_isa(tmp_path):
@@ -127,35 +211,246 @@ def test_run_section_keeps_an_error_as_one_line(monkeypatch):
     assert "returned list, not a dict" in records.run_section("list", quick=True)["error"]
 
 
-def test_runner_writes_one_checked_record_per_setting(tmp_path):
-    """End to end, in fresh processes, with a stand-in section (no timing)."""
-    module = tmp_path / "fake_section.py"
-    module.write_text("import os, torch\n"
-                      "def record(quick=False):\n"
-                      "    return {'capability': torch.backends.cpu.get_cpu_capability(),\n"
-                      "            'quick': quick, 'nan': float('nan')}\n"
-                      "def fails(quick=False):\n"
-                      "    raise RuntimeError('broken\\nsecond line')\n")
+FAKE_SECTIONS = ("import os, torch\n"
+                 "def record(quick=False):\n"
+                 "    return {'capability': torch.backends.cpu.get_cpu_capability(),\n"
+                 "            'cap': os.environ.get('ONEDNN_MAX_CPU_ISA'),\n"
+                 "            'quick': quick, 'nan': float('nan')}\n"
+                 "def fails(quick=False):\n"
+                 "    raise RuntimeError('broken\\nsecond line')\n")
+# every process of a run (parent and children) swaps in the stand-in sections
+SWAP_SECTIONS = ("from convlab.lab import records\n"
+                 "records.SECTIONS.clear()\n"
+                 "records.SECTIONS.update(fake='fake_section:record', "
+                 "bad='fake_section:fails')\n")
+# ... and, with a CPU fixture, sees that CPU: its flags, and per cap the fingerprint a
+# process under it reports (this machine's fingerprint with the fixture's ATen/oneDNN part)
+SWAP_CPU = ("import json, os\n"
+            "from convlab.lab import machine\n"
+            "_cpu = json.load(open(os.environ['CONVLAB_TEST_CPU']))\n"
+            "_real = machine.fingerprint\n"
+            "machine.cpu_flags = lambda: set(_cpu['flags'])\n"
+            "machine.cpu_model = lambda: _cpu['model']\n"
+            "def _fingerprint():\n"
+            "    fp = dict(_real())\n"
+            "    fp.update(_cpu['runs'][os.environ['ONEDNN_MAX_CPU_ISA']])\n"
+            "    fp.update(cpu_model=_cpu['model'], isa_flags=sorted(_cpu['flags']))\n"
+            "    return fp\n"
+            "machine.fingerprint = _fingerprint\n")
+
+
+def _run(tmp_path: Path, *args: str, cpu: dict | None = None) -> subprocess.CompletedProcess:
+    """``python -m convlab.lab.records --quick --dir tmp/out ARGS`` with stand-in sections."""
+    (tmp_path / "fake_section.py").write_text(FAKE_SECTIONS)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    custom = SWAP_SECTIONS
+    if cpu is not None:
+        (tmp_path / "cpu.json").write_text(json.dumps(cpu))
+        env["CONVLAB_TEST_CPU"] = str(tmp_path / "cpu.json")
+        custom += SWAP_CPU
+    (tmp_path / "sitecustomize.py").write_text(custom)
+    argv = ["--quick", "--dir", str(tmp_path / "out"), *args]
+    code = f"import sys; from convlab.lab import records; sys.exit(records.main({argv!r}))"
+    return subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, check=False, timeout=300)
+
+
+def test_runner_writes_a_checked_record_or_a_reason_per_setting(tmp_path):
+    """End to end on this CPU, in fresh processes, with stand-in sections (no timing).
+
+    Whatever this CPU is, each setting it offers ends as a record whose caps were observed
+    or as a reason in the machine's manifest; neither is an error."""
     settings = machine.available_settings()
     if not settings:
         pytest.skip("no ISA setting on this CPU")
-    # every process of the run (parent and children) swaps in the stand-in sections
-    (tmp_path / "sitecustomize.py").write_text(
-        "from convlab.lab import records\n"
-        "records.SECTIONS.clear()\n"
-        "records.SECTIONS.update(fake='fake_section:record', bad='fake_section:fails')\n")
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    code = ("import sys; from convlab.lab import records; "
-            f"sys.exit(records.main(['--quick', '--dir', {str(tmp_path / 'out')!r}]))")
-    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                            text=True, check=False, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    got = records.load_records(tmp_path / "out")
-    assert [r.isa for r in got] == [s.label for s in settings]
-    for rec, setting in zip(got, settings, strict=True):
-        assert rec.env == setting.env and rec.quick is True
-        assert rec.sections["fake"]["capability"] == setting.aten
+    result = _run(tmp_path)
+    assert result.returncode == 0, result.stdout[-3000:]
+    got = {r.isa: r for r in records.load_records(tmp_path / "out")}
+    skipped = records.load_manifests(tmp_path / "out").get(machine.machine_slug(), {})
+    assert got, "no setting could be verified on this CPU"
+    for isa in settings:
+        assert (isa.label in got) != (isa.label in skipped), isa.label
+        if isa.label in skipped:
+            assert "cannot verify" in skipped[isa.label] or "above" in skipped[
+                isa.label] or "ATen reports" in skipped[isa.label]
+            continue
+        rec = got[isa.label]
+        assert rec.env == isa.env and rec.quick is True
+        assert rec.sections["fake"]["capability"] == isa.aten
         assert rec.sections["fake"]["nan"] is None  # NaN stored as null
         assert rec.sections["bad"] == {"error": "RuntimeError: broken"}
-        assert machine.check_setting(setting, rec.fingerprint) == []
+        assert machine.check_setting(isa, rec.fingerprint) == []
+        assert rec.mkl_cap["env"] == isa.mkl and rec.mkl_capped in (True, False, None)
+
+
+def _intel_cpu() -> dict:
+    runs = {s.onednn: {**fixture_run("intel", s.label), "blas": {
+        "mkl_version": "2024.2", "mkl_path": f"fixture path under {s.onednn}"}}
+        for s in machine.ISA_SETTINGS}
+    return {"model": "Intel(R) Xeon(R) Processor", "flags": sorted(intel_fixture()["flags"]),
+            "runs": runs}
+
+
+def test_runner_on_the_intel_fixture_skips_the_caps_it_cannot_verify(tmp_path):
+    result = _run(tmp_path, cpu=_intel_cpu())
+    assert result.returncode == 0, result.stdout[-3000:]
+    out = tmp_path / "out"
+    assert [r.isa for r in records.load_records(out)] == ["avx512", "avx2", "sse41"]
+    (slug, skipped), = records.load_manifests(out).items()
+    assert slug.startswith("intel-xeon-processor-x")
+    assert list(skipped) == ["amx", "avx512_fp16", "avx512_bf16"]
+    assert skipped["amx"].startswith("cannot verify the cap: no oneDNN kernel at "
+                                     "avx512_core_amx was seen (highest: jit:avx512_core)")
+    for rec in records.load_records(out):
+        assert rec.sections["fake"]["cap"] == rec.env["ONEDNN_MAX_CPU_ISA"]
+        # the fixture's MKL announces a path per cap, unlike this process's MKL
+        assert rec.mkl_cap["env"] == setting(rec.isa).mkl and rec.mkl_capped is True
+        assert rec.mkl_cap["path"] == f"fixture path under {rec.env['ONEDNN_MAX_CPU_ISA']}"
+    # a later run that verifies a setting clears its reason; a rerun merges
+    cpu = _intel_cpu()
+    cpu["runs"]["AVX512_CORE_AMX"]["onednn_dtype_implementations"] = {
+        "bfloat16": {"forward_training": "brg_conv_fwd:avx512_core_amx"}}
+    result = _run(tmp_path, "--isa", "amx,avx2", cpu=cpu)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert [r.isa for r in records.load_records(out)] == ["amx", "avx512", "avx2", "sse41"]
+    assert list(records.load_manifests(out)[slug]) == ["avx512_fp16", "avx512_bf16"]
+
+
+def test_runner_keeps_a_bad_old_record_and_the_new_measurement(tmp_path):
+    """The old file is validated before the child measures; if it cannot take the merge,
+    the new record goes beside it and the other settings still run."""
+    cpu = {"model": "AMD EPYC", "flags": ["sse4_1", "sse4_2", "avx2", "fma"], "runs": {
+        s.onednn: fixture_run("amd-epyc-avx2-x2", s.label) for s in machine.ISA_SETTINGS
+        if s.label in ("avx2", "sse41")}}
+    out = tmp_path / "out"
+    out.mkdir()
+    slug = f"amd-epyc-x{os.cpu_count()}"
+    bad = _record("avx2", "AMD EPYC", os.cpu_count())
+    bad["fingerprint"]["cores"] = "two"
+    target = out / f"{slug}__avx2.json"
+    target.write_text(json.dumps(bad))
+    before = target.read_text()
+    result = _run(tmp_path, cpu=cpu)
+    assert result.returncode == 1, result.stdout[-3000:]
+    text = result.stdout
+    assert text.index("will not merge into") < text.index("records [avx2] fake ...")
+    assert "fingerprint.cores must be int" in text
+    assert target.read_text() == before  # the old file untouched
+    (beside,) = out.glob(f"{slug}__avx2.json.*.new")
+    new = records.validate(json.loads(beside.read_text()))
+    assert new == [] and json.loads(beside.read_text())["sections"]["fake"]["cap"] == "AVX2"
+    assert (out / f"{slug}__sse41.json").exists()  # the next setting still ran
+
+
+def test_a_failing_merge_writes_the_new_record_beside(tmp_path, monkeypatch):
+    target = tmp_path / "amd-epyc-x2__avx2.json"
+    old = _record(suite={"a": 1})
+    target.write_text(json.dumps(old))
+    new = _record(suite={"a": 2})
+
+    def broken(old, new):
+        raise KeyError("sections")
+
+    monkeypatch.setattr(records, "merge", broken)
+    path = records._write_merged(target, old, "", new)
+    assert path != target and path.name.startswith(target.name) and path.suffix == ".new"
+    assert json.loads(path.read_text())["sections"]["suite"] == {"a": 2}
+    assert json.loads(target.read_text()) == old
+    assert records.load_records(tmp_path)[0].sections["suite"] == {"a": 1}
+    monkeypatch.undo()
+    assert records._write_merged(target, old, "", new) == target
+    assert json.loads(target.read_text())["sections"]["suite"] == {"a": 2}
+
+
+def test_records_travel_with_an_installed_package(tmp_path):
+    """Colab installs a wheel, with no checkout: the wheel holds the committed records and
+    ``RECORDS_DIR`` finds them there (a copy of the tree is built, the repository is left
+    alone; the installed copy is imported from another folder)."""
+    import shutil
+    import zipfile
+
+    root = Path(records.__file__).resolve().parents[2]
+    src = tmp_path / "src"
+    ignore = shutil.ignore_patterns("__pycache__", "*.so", "build")
+    shutil.copytree(root / "convlab", src / "convlab", symlinks=True, ignore=ignore)
+    shutil.copytree(records.RECORDS_DIR, src / "book" / "data" / "records")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", str(src), "-w",
+                    str(tmp_path / "wheel")], check=True, timeout=120, capture_output=True)
+    (wheel,) = (tmp_path / "wheel").glob("convlab-*.whl")
+    names = {Path(n).name for n in zipfile.ZipFile(wheel).namelist()
+             if n.startswith("convlab/lab/data/records/")}
+    committed = {p.name for p in records.RECORDS_DIR.glob("*.json")}
+    assert committed and names == committed
+    site = tmp_path / "site"
+    subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
+                   check=True, timeout=120, capture_output=True)
+    code = ("import json, convlab; from convlab.lab import records; "
+            "print(json.dumps([convlab.__file__, str(records.RECORDS_DIR), "
+            "[r.path.name for r in records.load_records()], "
+            "sorted(records.load_manifests())]))")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=120,
+                         capture_output=True, text=True, env={**env, "PYTHONPATH": str(site)})
+    module, folder, loaded, manifests = json.loads(out.stdout.strip().splitlines()[-1])
+    assert Path(module).is_relative_to(site) and Path(folder).is_relative_to(site)
+    assert set(loaded) == {p.name for p in COMMITTED}
+    assert manifests == sorted(p.name.removesuffix(records.MANIFEST_SUFFIX)
+                               for p in records.RECORDS_DIR.glob("*.manifest.json"))
+
+
+def test_records_store_claim_outcomes_as_a_section(tmp_path):
+    """The runner's ``claims`` section is the claims registry's payload; a record that has
+    it feeds the claims x records matrix, one without it shows "-"."""
+    import importlib
+    import inspect
+
+    from convlab.lab import claims
+
+    module, _, name = records.SECTIONS["claims"].partition(":")
+    fn = getattr(importlib.import_module(module), name)
+    assert fn is claims.record_outcomes and "quick" in inspect.signature(fn).parameters
+    some = claims.CLAIMS[0]
+    stored = {some.id: {"status": claims.HOLDS, "evidence": "e", "detail": {}}}
+    for isa, payload in (("avx2", stored), ("sse41", None)):
+        data = _record(isa, **({"claims": payload} if payload else {}))
+        (tmp_path / f"amd-epyc-x2__{isa}.json").write_text(json.dumps(data))
+    got = records.load_records(tmp_path)
+    headers, rows = claims.matrix(got, some.chapter)
+    row = next(r for r in rows if r[0] == some.id)
+    assert len(headers) == 3 and row[1:] == ["yes", "-"]  # avx2 stored it, sse41 has none
+
+
+@pytest.mark.parametrize(("llc", "available", "elements", "over", "capped"), [
+    (300 * 2**20, 64 * 2**30, 300 * 2**20, 4.0, False),  # Intel: 1200 MiB arrays
+    (2**25, 64 * 2**30, 2**25, 4.0, False),  # AMD EPYC, 32 MiB L3: 128 MiB arrays
+    (2**20, 64 * 2**30, 2**24, 64.0, False),  # a small cache: the 64 MiB floor
+    (300 * 2**20, 3 * 2**30, 2**27, 1.71, True),  # not enough memory: the record says so
+    (None, None, 2**24, None, False),  # no sysfs: the floor
+])
+def test_stream_arrays_are_four_times_the_last_level_cache(llc, available, elements, over,
+                                                          capped):
+    from convlab.lab import roofline
+
+    got, sizing = roofline.stream_elements(2**24, llc, 4, available)
+    assert got == elements
+    assert sizing == {"llc_bytes": llc, "array_over_llc": over, "capped_by_memory": capped}
+    assert roofline.stream_elements(2**23, llc, 0, None)[0] == 2**23  # quick: not sized
+    assert roofline.FULL["llc_multiple"] == 4
+
+
+def test_mkl_cap_says_whether_mkl_took_the_cap():
+    avx2 = setting("avx2")
+    fp = {"blas": {"mkl_path": "Intel(R) AVX2 enabled processors"}}
+    assert records.mkl_cap(avx2, fp, "Intel(R) AVX-512 ...") == {
+        "env": "AVX2", "path": "Intel(R) AVX2 enabled processors",
+        "default_path": "Intel(R) AVX-512 ...", "changed": True}
+    generic = {"blas": {"mkl_path": "Intel(R) Architecture processors"}}  # MKL on AMD
+    assert records.mkl_cap(avx2, generic, "Intel(R) Architecture processors")["changed"] is False
+    assert records.mkl_cap(avx2, {"blas": {}}, None)["changed"] is None  # no MKL
+    data = _record()
+    data["mkl_cap"] = {"env": "AVX2", "path": None}
+    assert any("'mkl_cap' must be an object" in p for p in records.validate(data))

@@ -265,8 +265,11 @@ def fingerprint_lines() -> list[str]:
     return [
         machine.fingerprint_line(fp),
         f"CPU flags: {' '.join(fp['isa_flags']) or '(none read)'}",
-        f"ISA settings `make records` measures here: {settings}",
+        f"ISA settings `make records` measures here: {settings} (each where its cap "
+        "is observed)",
         f"oneDNN implementations: {fp['onednn_implementations'] or 'none'}",
+        f"oneDNN bf16/fp16 implementations: {fp.get('onednn_dtype_implementations') or 'none'}",
+        f"MKL code path: {blas.get('mkl_path') or 'none'}",
         f"oneDNN bf16/fp16 supported: {fp['mkldnn_bf16_supported']}/"
         f"{fp['mkldnn_fp16_supported']}",
         f"NumPy BLAS: {numpy_blas}",

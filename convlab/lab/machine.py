@@ -32,7 +32,36 @@ ISA_FLAGS: tuple[str, ...] = (
     "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile",
     "amx_bf16", "amx_int8", "amx_fp16",
 )
-ISA_ENV_VARS: tuple[str, ...] = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY")
+ISA_ENV_VARS: tuple[str, ...] = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY",
+                                  "MKL_ENABLE_INSTRUCTIONS")
+
+
+# oneDNN's instruction-set names as its implementation strings spell them (``jit:avx2``,
+# ``jit_bf16:avx512_core_bf16``, ``brg_conv_fwd:avx512_core_amx``), ranked as its
+# ``cpu_isa_t`` hierarchy nests them (src/cpu/x64/cpu_isa_traits.hpp: each level includes
+# the ones below; oneDNN 3.x also spells avx512_core_fp16 ``avx10_1_512``). Rank 0 is an
+# implementation that names no instruction set (``x64:gemm:jit``, ``ref``).
+ONEDNN_ISA_RANK: dict[str, int] = {
+    "sse41": 1, "avx": 2, "avx2": 3, "avx2_vnni": 4, "avx2_vnni_2": 5,
+    "avx512_core": 6, "avx512_core_vnni": 7, "avx512_core_bf16": 8,
+    "avx512_core_fp16": 9, "avx10_1_512": 9,
+    "avx512_core_amx": 10, "avx10_1_512_amx": 10,
+    "avx512_core_amx_fp16": 11, "avx10_1_512_amx_fp16": 11,
+}
+# Longest names first, so that "avx512_core_bf16" is not read as "avx512_core".
+_ONEDNN_ISA = re.compile(
+    r"(?<![a-z0-9])(" + "|".join(sorted(ONEDNN_ISA_RANK, key=len, reverse=True))
+    + r")(?![a-z0-9_])")
+
+
+def onednn_isa_of(implementation: str) -> str | None:
+    """The instruction set an oneDNN implementation string names (None: it names none).
+
+    >>> onednn_isa_of("jit_bf16:avx512_core_bf16"), onednn_isa_of("x64:gemm:jit")
+    ('avx512_core_bf16', None)
+    """
+    found = _ONEDNN_ISA.findall(implementation)
+    return max(found, key=ONEDNN_ISA_RANK.__getitem__) if found else None
 
 
 @dataclass(frozen=True)
@@ -40,37 +69,47 @@ class IsaSetting:
     """One instruction-set cap: the environment of a fresh process and how to check it.
 
     ``needs``: cpuinfo flags the CPU must have; ``aten``: the value
-    ``torch.backends.cpu.get_cpu_capability()`` must then report; ``onednn_marker``: a
-    word oneDNN's ``isa:`` verbose line must contain (its description of the cap).
+    ``torch.backends.cpu.get_cpu_capability()`` must then report; ``onednn_isa``: the
+    oneDNN instruction set the cap names (a key of ``ONEDNN_ISA_RANK``), which the
+    implementations oneDNN runs under the cap must reach and not exceed; ``mkl``: the
+    widest ``MKL_ENABLE_INSTRUCTIONS`` level within the cap (MKL has no level for
+    AVX512-FP16 without AMX, nor one below SSE4.2, and honours the variable on Intel CPUs
+    only, so a record stores whether MKL's announced code path changed under it).
     """
 
     label: str
     onednn: str
     aten_env: str
     aten: str
-    onednn_marker: str
+    onednn_isa: str
     needs: tuple[str, ...]
+    mkl: str = ""
 
     @property
     def env(self) -> dict[str, str]:
-        return {"ONEDNN_MAX_CPU_ISA": self.onednn, "ATEN_CPU_CAPABILITY": self.aten_env}
+        env = {"ONEDNN_MAX_CPU_ISA": self.onednn, "ATEN_CPU_CAPABILITY": self.aten_env}
+        return {**env, "MKL_ENABLE_INSTRUCTIONS": self.mkl} if self.mkl else env
+
+    @property
+    def rank(self) -> int:
+        """The cap's rank in ``ONEDNN_ISA_RANK``."""
+        return ONEDNN_ISA_RANK[self.onednn_isa]
 
 
 # Widest first. Each one caps both libraries; a cap above the CPU is silently ignored by
-# oneDNN, so only settings whose flags the CPU has are offered. The markers are words of
-# oneDNN's own description of each cap (its dispatcher-control documentation), as its
-# verbose ``isa:`` line prints it.
+# oneDNN, so only settings whose flags the CPU has are offered.
 ISA_SETTINGS: tuple[IsaSetting, ...] = (
-    IsaSetting("amx", "AVX512_CORE_AMX", "avx512", "AVX512", "AMX",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16")),
-    IsaSetting("avx512_fp16", "AVX512_CORE_FP16", "avx512", "AVX512", "with float16",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_fp16")),
-    IsaSetting("avx512_bf16", "AVX512_CORE_BF16", "avx512", "AVX512", "bfloat16",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16")),
-    IsaSetting("avx512", "AVX512_CORE", "avx512", "AVX512", "AVX512BW",
-               ("avx512f", "avx512bw", "avx512vl", "avx512dq")),
-    IsaSetting("avx2", "AVX2", "avx2", "AVX2", "AVX2", ("avx2", "fma")),
-    IsaSetting("sse41", "SSE41", "default", "DEFAULT", "SSE4.1", ("sse4_1",)),
+    IsaSetting("amx", "AVX512_CORE_AMX", "avx512", "AVX512", "avx512_core_amx",
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "amx_tile", "amx_bf16"),
+               "AVX512_E4"),
+    IsaSetting("avx512_fp16", "AVX512_CORE_FP16", "avx512", "AVX512", "avx512_core_fp16",
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_fp16"), "AVX512_E3"),
+    IsaSetting("avx512_bf16", "AVX512_CORE_BF16", "avx512", "AVX512", "avx512_core_bf16",
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq", "avx512_bf16"), "AVX512_E3"),
+    IsaSetting("avx512", "AVX512_CORE", "avx512", "AVX512", "avx512_core",
+               ("avx512f", "avx512bw", "avx512vl", "avx512dq"), "AVX512"),
+    IsaSetting("avx2", "AVX2", "avx2", "AVX2", "avx2", ("avx2", "fma"), "AVX2"),
+    IsaSetting("sse41", "SSE41", "default", "DEFAULT", "sse41", ("sse4_1",), "SSE4_2"),
 )
 ISA_ORDER: tuple[str, ...] = tuple(s.label for s in ISA_SETTINGS)
 
@@ -96,6 +135,55 @@ def _cpuinfo() -> str:
             return f.read()
     except OSError:
         return ""
+
+
+CACHE_ROOT = "/sys/devices/system/cpu/cpu0/cache"
+_SIZE = re.compile(r"^\s*(\d+)\s*([KMG]?)B?\s*$", re.IGNORECASE)
+
+
+def cache_sizes(root: str | os.PathLike[str] = CACHE_ROOT) -> dict[str, int]:
+    """The first CPU's caches in bytes from sysfs, e.g. ``{"L1d": 32768, "L1i": 32768,
+    "L2": 1048576, "L3": 33554432}`` (empty where sysfs has none)."""
+    found: dict[str, int] = {}
+    try:
+        entries = sorted(os.scandir(root), key=lambda e: e.name)
+    except OSError:
+        return found
+    for entry in entries:
+        if not entry.name.startswith("index"):
+            continue
+        try:
+            level, kind, size = (open(os.path.join(entry.path, name)).read().strip()
+                                 for name in ("level", "type", "size"))
+        except OSError:
+            continue
+        match = _SIZE.match(size)
+        if not match or not level.isdigit():
+            continue
+        scale = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[match.group(2).upper()]
+        suffix = {"Data": "d", "Instruction": "i"}.get(kind, "")
+        found[f"L{level}{suffix}"] = int(match.group(1)) * scale
+    return found
+
+
+def last_level_cache(caches: Mapping[str, int]) -> int | None:
+    """Bytes of the highest-level data or unified cache (None: none known).
+
+    >>> last_level_cache({"L1d": 32768, "L1i": 32768, "L2": 2**20, "L3": 2**25})
+    33554432
+    """
+    data = {k: v for k, v in caches.items() if not k.endswith("i")}
+    return data[max(data, key=lambda k: int(k[1:].rstrip("d")))] if data else None
+
+
+def memory_available() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo`` in bytes (None where there is none)."""
+    try:
+        with open("/proc/meminfo") as f:
+            match = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.MULTILINE)
+    except OSError:
+        return None
+    return int(match.group(1)) * 1024 if match else None
 
 
 def available_settings(flags: set[str] | None = None) -> list[IsaSetting]:
@@ -161,7 +249,9 @@ def parse_onednn_verbose(text: str) -> dict[str, object]:
 
 def parse_mkl_verbose(text: str) -> str | None:
     """The code path MKL announces in its verbose header (e.g. "Intel(R) AVX2 enabled
-    processors", or "Intel(R) Architecture processors" for its generic path).
+    processors", or "Intel(R) Architecture processors" for its generic path), whole: it
+    runs up to the operating-system field (``, Lnx ...``) and may itself hold commas
+    ("... with support for INT8, BF16, FP16 ...").
 
     >>> header = ("MKL_VERBOSE oneMKL 2024.0 Product build 20240605 for"
     ...           " Intel(R) 64 architecture Intel(R) Architecture"
@@ -169,8 +259,9 @@ def parse_mkl_verbose(text: str) -> str | None:
     >>> parse_mkl_verbose(header)
     'Intel(R) Architecture processors'
     """
-    match = re.search(r"MKL_VERBOSE .*? 64 architecture (.+?)(?:,|$)", text, re.MULTILINE)
-    return match.group(1).strip() if match else None
+    match = re.search(r"MKL_VERBOSE .*? 64 architecture (.+?)"
+                      r"(?:,\s*(?:Lnx|Win|Mac|OSX)\b[^\n]*)?$", text, re.MULTILINE)
+    return match.group(1).strip().rstrip(",") if match else None
 
 
 @functools.lru_cache(maxsize=1)
@@ -210,16 +301,30 @@ _NO_SUBPROCESS = "CONVLAB_MACHINE_PROBE_CHILD"
 
 def _onednn_probe_here() -> dict[str, object]:
     if not torch.backends.mkldnn.is_available():
-        return {"isa_info": None, "implementations": {}}
+        return {"isa_info": None, "implementations": {}, "dtype_implementations": {}}
     gen = torch.Generator().manual_seed(0)
-    x = torch.randn(2, 16, 12, 12, generator=gen).requires_grad_()
-    w = torch.randn(16, 16, 3, 3, generator=gen).requires_grad_()
+    x = torch.randn(2, 16, 12, 12, generator=gen)
+    w = torch.randn(16, 16, 3, 3, generator=gen)
 
-    def run() -> None:
-        with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
-            torch.nn.functional.conv2d(x, w, padding=1).sum().backward()
+    def conv(dtype: torch.dtype) -> Callable[[], None]:
+        def run() -> None:
+            xx, ww = x.to(dtype).requires_grad_(), w.to(dtype).requires_grad_()
+            with torch.backends.mkldnn.verbose(torch.backends.mkldnn.VERBOSE_ON):
+                torch.nn.functional.conv2d(xx, ww, padding=1).sum().backward()
+        return run
 
-    return parse_onednn_verbose(capture_stdout(run))
+    found = parse_onednn_verbose(capture_stdout(conv(torch.float32)))
+    # The reduced-precision kernels are where the bf16/fp16/AMX caps show: ATen routes
+    # these dtypes to oneDNN only where it reports support for them.
+    by_dtype: dict[str, dict[str, str]] = {}
+    for name, dtype, query in (("bfloat16", torch.bfloat16, "_is_mkldnn_bf16_supported"),
+                               ("float16", torch.float16, "_is_mkldnn_fp16_supported")):
+        if _supported(query):
+            impls = parse_onednn_verbose(capture_stdout(conv(dtype)))["implementations"]
+            if impls:
+                by_dtype[name] = impls  # type: ignore[assignment]
+    found["dtype_implementations"] = by_dtype
+    return found
 
 
 @functools.lru_cache(maxsize=1)
@@ -269,9 +374,11 @@ def _blas() -> dict[str, object]:
 def fingerprint() -> dict[str, object]:
     """This process's machine and settings, JSON-serialisable (see the module docstring).
 
-    Keys: cpu_model, cores, isa_flags, aten_cpu_capability, onednn_version, onednn_isa
+    Keys: cpu_model, cores, caches (bytes per level, sysfs), isa_flags, aten_cpu_capability,
+    onednn_version, onednn_isa
     (the ``jit:...`` implementation of the convolution backward), onednn_isa_info,
-    onednn_implementations, mkldnn_bf16_supported, mkldnn_fp16_supported, blas,
+    onednn_implementations (float32), onednn_dtype_implementations (bfloat16/float16 where
+    oneDNN takes them), mkldnn_bf16_supported, mkldnn_fp16_supported, blas,
     threads, interop_threads, torch_version, torch_build, python, platform, isa_env.
     """
     flags = cpu_flags()
@@ -285,12 +392,14 @@ def fingerprint() -> dict[str, object]:
     return {
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
+        "caches": cache_sizes(),
         "isa_flags": [f for f in ISA_FLAGS if f in flags],
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "onednn_version": onednn.group(1) if onednn else None,
         "onednn_isa": onednn_isa,
         "onednn_isa_info": probe["isa_info"],
         "onednn_implementations": dict(impls),
+        "onednn_dtype_implementations": dict(probe.get("dtype_implementations") or {}),
         "mkldnn_bf16_supported": _supported("_is_mkldnn_bf16_supported"),
         "mkldnn_fp16_supported": _supported("_is_mkldnn_fp16_supported"),
         "blas": _blas(),
@@ -353,18 +462,54 @@ def fingerprint_line(fp: Mapping[str, object]) -> str:
             f"threads, torch {fp.get('torch_version')}")
 
 
-def check_setting(setting: IsaSetting, fp: Mapping[str, object]) -> list[str]:
-    """Why the fingerprint of a process started with ``setting.env`` shows that the cap did
-    not take effect (empty list: it did)."""
+def observed_implementations(fp: Mapping[str, object]) -> dict[str, str]:
+    """Every oneDNN convolution implementation a fingerprint saw, ``{"dtype pass": impl}``.
+
+    >>> observed_implementations({"onednn_implementations": {"backward_data": "jit:avx2"},
+    ...     "onednn_dtype_implementations": {"bfloat16": {"forward_training": "jit:x"}}})
+    {'float32 backward_data': 'jit:avx2', 'bfloat16 forward_training': 'jit:x'}
+    """
+    seen: dict[str, str] = {}
+    f32 = fp.get("onednn_implementations") or {}
+    by_dtype = fp.get("onednn_dtype_implementations") or {}
+    for dtype, impls in [("float32", f32), *by_dtype.items()]:  # type: ignore[union-attr]
+        if isinstance(impls, Mapping):
+            seen.update({f"{dtype} {step}": str(impl) for step, impl in impls.items()})
+    return seen
+
+
+def check_setting(setting: IsaSetting, fp: Mapping[str, object],
+                  onednn: bool | None = None) -> list[str]:
+    """Why the fingerprint of a process started with ``setting.env`` does not show that the
+    cap took effect (empty list: it did).
+
+    Only what each cap limits is read, never a vendor's description of it: ATen's reported
+    capability, and the instruction sets in the names of the oneDNN implementations that ran
+    (:func:`onednn_isa_of`). None may exceed the cap, and one must reach it: a cap is
+    verified only where some kernel at its level was seen. ``onednn``: whether oneDNN is
+    part of this torch (default: ask torch).
+    """
     problems = []
     if fp.get("aten_cpu_capability") != setting.aten:
         problems.append(f"ATen reports {fp.get('aten_cpu_capability')!r}, expected "
                         f"{setting.aten!r}")
-    info = fp.get("onednn_isa_info")
-    if torch.backends.mkldnn.is_available() and (
-            not isinstance(info, str) or setting.onednn_marker not in info):
-        problems.append(f"oneDNN reports isa {info!r}, expected one with "
-                        f"{setting.onednn_marker!r}")
+    if not (torch.backends.mkldnn.is_available() if onednn is None else onednn):
+        return problems
+    seen = {where: (impl, onednn_isa_of(impl)) for where, impl in
+            observed_implementations(fp).items()}
+    above: dict[str, list[str]] = {}
+    for where, (impl, isa) in seen.items():
+        if isa and ONEDNN_ISA_RANK[isa] > setting.rank:
+            dtypes = above.setdefault(impl, [])
+            dtypes += [] if where.split()[0] in dtypes else [where.split()[0]]
+    if above:
+        ran = ", ".join(f"{impl} ({'/'.join(d)})" for impl, d in above.items())
+        problems.append(f"oneDNN ran {ran}, above the {setting.onednn_isa} cap")
+    elif not any(isa and ONEDNN_ISA_RANK[isa] == setting.rank for _, isa in seen.values()):
+        ranked = [(ONEDNN_ISA_RANK[isa], impl) for impl, isa in seen.values() if isa]
+        best = max(ranked)[1] if ranked else "none naming an instruction set"
+        problems.append(f"cannot verify the cap: no oneDNN kernel at {setting.onednn_isa} "
+                        f"was seen (highest: {best})")
     return problems
 
 

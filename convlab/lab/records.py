@@ -4,9 +4,10 @@ writes them (``make records``, i.e. ``python -m convlab.lab.records``).
 For each ISA setting this CPU can offer (:func:`convlab.lab.machine.available_settings`:
 capping downwards only, e.g. avx2 and sse41 on an AVX2 CPU; avx512, avx2 and sse41 on an
 AVX-512 one, plus avx512_bf16/avx512_fp16/amx where the CPU has them) the command starts a
-fresh Python process with ``ONEDNN_MAX_CPU_ISA`` and ``ATEN_CPU_CAPABILITY`` set, checks in
-it that both caps took effect (ATen's reported capability and oneDNN's ``isa:`` verbose
-line; :func:`convlab.lab.machine.check_setting`), runs every section of ``SECTIONS``
+fresh Python process with ``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY`` and
+``MKL_ENABLE_INSTRUCTIONS`` set, checks in it that the caps took effect (ATen's reported
+capability and the instruction sets of the oneDNN kernels that ran;
+:func:`convlab.lab.machine.check_setting`), runs every section of ``SECTIONS``
 and writes ``book/data/records/<machine-slug>__<isa>.json``. Records of other machines in
 that folder are left alone, so a record from another machine is added by running the same
 command there. A section that raises is stored as ``{"error": "..."}``.
@@ -16,7 +17,19 @@ Record JSON (schema 1)::
     {"schema": 1, "isa": "avx2", "env": {...}, "created": "...Z", "quick": false,
      "load": {"before": [1m, 5m, 15m], "after": [...]},
      "fingerprint": {...}, "sections": {"<name>": {...} | {"error": "<one line>"}},
-     "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false}}}
+     "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false}},
+     "mkl_cap": {"env": "AVX2", "path": "...", "default_path": "...", "changed": true}}
+
+``section_meta`` and ``mkl_cap`` are optional (older records lack them; such a record's
+setting did not cap MKL).
+
+A setting the runner offers but could not verify on a machine (its cap was not observed
+to take effect) is not measured; the runner writes why into that machine's manifest,
+``<machine-slug>.manifest.json`` (schema 1)::
+
+    {"schema": 1, "machine": "<machine-slug>", "skipped_settings": {"<isa>": "<reason>"}}
+
+so a record set says why a setting is absent (:func:`load_manifests`).
 
 The chapters read them with :func:`load_records`.
 
@@ -51,8 +64,12 @@ SECTIONS: dict[str, str] = {
     "peers": "convlab.lab.peers:record",
     "per_sample": "convlab.lab.per_sample_timing:record",
     "numerics": "convlab.lab.numerics:record",
+    # each claim of the book checked under this setting (optional in older records)
+    "claims": "convlab.lab.claims:record_outcomes",
 }
-RECORDS_DIR = Path(__file__).resolve().parents[2] / "book" / "data" / "records"
+# In a checkout convlab/lab/data/records links to book/data/records; an installed package
+# (a wheel, as on Colab) holds a copy of those files there (pyproject's package data).
+RECORDS_DIR = (Path(__file__).parent / "data" / "records").resolve()
 ISA_NAMES: dict[str, str] = {
     "amx": "AMX", "avx512_fp16": "AVX-512-FP16", "avx512_bf16": "AVX-512-BF16",
     "avx512": "AVX-512", "avx2": "AVX2", "sse41": "SSE4.1",
@@ -61,6 +78,8 @@ REQUIRED: dict[str, type | tuple[type, ...]] = {
     "schema": int, "isa": str, "env": dict, "created": str, "quick": bool, "load": dict,
     "fingerprint": dict, "sections": dict,
 }
+MANIFEST_SUFFIX = ".manifest.json"
+MKL_CAP_KEYS: tuple[str, ...] = ("env", "path", "default_path", "changed")
 FINGERPRINT_KEYS: tuple[str, ...] = (
     "cpu_model", "cores", "isa_flags", "aten_cpu_capability", "onednn_version", "onednn_isa",
     "mkldnn_bf16_supported", "mkldnn_fp16_supported", "blas", "threads", "torch_version",
@@ -81,6 +100,16 @@ class Record:
     fingerprint: Mapping[str, Any]
     sections: Mapping[str, Any]
     section_meta: Mapping[str, Any] = field(default_factory=dict)
+    mkl_cap: Mapping[str, Any] | None = None
+
+    @property
+    def mkl_capped(self) -> bool | None:
+        """Whether this setting capped MKL too: True where MKL's announced path changed
+        under ``MKL_ENABLE_INSTRUCTIONS``, False where it did not or the record's run did
+        not set it, None where there is no MKL."""
+        if "MKL_ENABLE_INSTRUCTIONS" not in self.env:
+            return False
+        return None if self.mkl_cap is None else self.mkl_cap.get("changed")
 
     @property
     def machine(self) -> str:
@@ -107,39 +136,98 @@ class Record:
         return self.sections[name]
 
 
+# Types of the fingerprint keys the loader and the chapters read (None: not measured).
+FINGERPRINT_TYPES: dict[str, type | tuple[type, ...]] = {
+    "cpu_model": str, "cores": int, "isa_flags": list, "aten_cpu_capability": str,
+    "onednn_version": (str, type(None)), "onednn_isa": (str, type(None)),
+    "mkldnn_bf16_supported": (bool, type(None)), "mkldnn_fp16_supported": (bool, type(None)),
+    "blas": dict, "threads": int, "torch_version": str, "torch_build": str, "python": str,
+}
+
+
+def _is(value: object, kind: type | tuple[type, ...]) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        return False  # JSON true is not a core count
+    return isinstance(value, kinds)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+
+
+def _non_finite(value: Any, where: str) -> list[str]:
+    """Key paths of NaN/inf numbers (``json.loads`` accepts them; the writer refuses)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [where]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, f"{where}[{i}]")]
+    return []
+
+
 def validate(data: object) -> list[str]:
-    """What is wrong with a record's JSON data (empty list: valid schema 1)."""
+    """What is wrong with a record's JSON data (empty list: valid schema 1), each problem
+    naming its key."""
     if not isinstance(data, dict):
         return [f"a record is a JSON object, got {type(data).__name__}"]
     problems = []
     for key, kind in REQUIRED.items():
         if key not in data:
             problems.append(f"missing key {key!r}")
-        elif not isinstance(data[key], kind) or (kind is int and isinstance(data[key], bool)):
-            problems.append(f"{key!r} must be {getattr(kind, '__name__', kind)}, "
+        elif not _is(data[key], kind):
+            problems.append(f"{key!r} must be {_kind_name(kind)}, "
                             f"got {type(data[key]).__name__}")
+    if "section_meta" in data and not isinstance(data["section_meta"], dict):
+        problems.append(f"'section_meta' must be dict, got "
+                        f"{type(data['section_meta']).__name__}")
     if problems:
         return problems
+    problems += [f"{p} is not a finite number" for p in _non_finite(data, "record")]
     if data["schema"] != SCHEMA:
         problems.append(f"schema {data['schema']} is not {SCHEMA}")
     if data["isa"] not in machine.ISA_ORDER:
         problems.append(f"isa {data['isa']!r} is none of {', '.join(machine.ISA_ORDER)}")
-    missing = [k for k in FINGERPRINT_KEYS if k not in data["fingerprint"]]
+    fp = data["fingerprint"]
+    missing = [k for k in FINGERPRINT_KEYS if k not in fp]
     if missing:
         problems.append(f"fingerprint lacks {', '.join(missing)}")
+    for key, kind in FINGERPRINT_TYPES.items():
+        if key in fp and not _is(fp[key], kind):
+            problems.append(f"fingerprint.{key} must be {_kind_name(kind)}, "
+                            f"got {type(fp[key]).__name__}")
     for key in ("before", "after"):
         value = data["load"].get(key)
         if not (isinstance(value, list) and len(value) == 3
-                and all(isinstance(v, int | float) for v in value)):
+                and all(_is(v, (int, float)) for v in value)):
             problems.append(f"load[{key!r}] must be the three os.getloadavg() numbers")
     for name, section in data["sections"].items():
         if not isinstance(section, dict):
             problems.append(f"section {name!r} must be an object")
+    for name, meta in data.get("section_meta", {}).items():
+        if not isinstance(meta, dict):
+            problems.append(f"section_meta[{name!r}] must be an object")
+    cap = data.get("mkl_cap")
+    if cap is not None and not (isinstance(cap, dict) and set(cap) == set(MKL_CAP_KEYS)
+                                and _is(cap["changed"], (bool, type(None)))):
+        problems.append(f"'mkl_cap' must be an object with {', '.join(MKL_CAP_KEYS)} "
+                        "(changed: true, false or null)")
+    if "claims" in data["sections"] and "error" not in data["sections"]["claims"]:
+        problems += _claims_problems(data["sections"]["claims"])
     try:
         dt.datetime.fromisoformat(data["created"].replace("Z", "+00:00"))
     except ValueError:
         problems.append(f"created {data['created']!r} is not an ISO time")
     return problems
+
+
+def _claims_problems(claims: dict[str, Any]) -> list[str]:
+    """The optional ``claims`` section: ``{claim id: {"status": ..., ...}}``."""
+    return [f"sections.claims[{cid!r}] must be an object with a string status"
+            for cid, outcome in claims.items()
+            if not (isinstance(outcome, dict) and isinstance(outcome.get("status"), str))]
 
 
 def read_record(path: str | os.PathLike[str]) -> Record:
@@ -154,7 +242,12 @@ def read_record(path: str | os.PathLike[str]) -> Record:
         raise ValueError(f"{path}: invalid record: {'; '.join(problems)}")
     return Record(path=path, isa=data["isa"], env=data["env"], created=data["created"],
                   quick=data["quick"], load=data["load"], fingerprint=data["fingerprint"],
-                  sections=data["sections"], section_meta=data.get("section_meta", {}))
+                  sections=data["sections"], section_meta=data.get("section_meta", {}),
+                  mkl_cap=data.get("mkl_cap"))
+
+
+def _refuse_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _isa_rank(isa: str) -> int:
@@ -168,8 +261,83 @@ def load_records(directory: str | os.PathLike[str] | None = None) -> list[Record
     folder = RECORDS_DIR if directory is None else Path(directory)
     if not folder.is_dir():
         return []
-    records = [read_record(p) for p in sorted(folder.glob("*.json"))]
+    records = [read_record(p) for p in sorted(folder.glob("*.json"))
+               if not p.name.endswith(MANIFEST_SUFFIX)]
     return sorted(records, key=lambda r: (r.machine, _isa_rank(r.isa), r.path.name))
+
+
+def manifest_path(slug: str, directory: str | os.PathLike[str] | None = None) -> Path:
+    """Where the manifest of machine ``slug`` lives (``<slug>.manifest.json``)."""
+    folder = RECORDS_DIR if directory is None else Path(directory)
+    return folder / f"{slug}{MANIFEST_SUFFIX}"
+
+
+def validate_manifest(data: object, slug: str | None = None) -> list[str]:
+    """What is wrong with a manifest's JSON data (empty list: valid schema 1)."""
+    if not isinstance(data, dict):
+        return [f"a manifest is a JSON object, got {type(data).__name__}"]
+    problems = []
+    if data.get("schema") != SCHEMA or isinstance(data.get("schema"), bool):
+        problems.append(f"schema must be {SCHEMA}, got {data.get('schema')!r}")
+    if not isinstance(data.get("machine"), str) or (slug and data["machine"] != slug):
+        problems.append(f"machine must be the file's slug {slug!r}, got "
+                        f"{data.get('machine')!r}")
+    skipped = data.get("skipped_settings")
+    if not isinstance(skipped, dict):
+        problems.append(f"skipped_settings must be an object, got {type(skipped).__name__}")
+        return problems
+    for label, reason in skipped.items():
+        if label not in machine.ISA_ORDER:
+            problems.append(f"skipped_settings: {label!r} is none of "
+                            f"{', '.join(machine.ISA_ORDER)}")
+        if not isinstance(reason, str) or not reason.strip():
+            problems.append(f"skipped_settings[{label!r}] must be a non-empty reason")
+    unknown = sorted(set(data) - {"schema", "machine", "skipped_settings"})
+    if unknown:
+        problems.append(f"unknown keys {', '.join(map(repr, unknown))}")
+    return problems
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, str]:
+    """A manifest's skipped settings, ``{isa: reason}`` (``ValueError`` naming the file)."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text(), parse_constant=_refuse_constant)
+    except (json.JSONDecodeError, ValueError) as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    problems = validate_manifest(data, path.name.removesuffix(MANIFEST_SUFFIX))
+    if problems:
+        raise ValueError(f"{path}: invalid manifest: {'; '.join(problems)}")
+    return dict(data["skipped_settings"])
+
+
+def load_manifests(directory: str | os.PathLike[str] | None = None) -> dict[str, dict[str, str]]:
+    """Every machine's skipped settings: ``{machine slug: {isa: reason}}``."""
+    folder = RECORDS_DIR if directory is None else Path(directory)
+    if not folder.is_dir():
+        return {}
+    return {p.name.removesuffix(MANIFEST_SUFFIX): read_manifest(p)
+            for p in sorted(folder.glob(f"*{MANIFEST_SUFFIX}"))}
+
+
+def note_skipped(slug: str, label: str, reason: str | None,
+                 directory: str | os.PathLike[str] | None = None) -> Path:
+    """Record (``reason``) or clear (``None``) why machine ``slug`` has no ``label`` record.
+
+    The manifest is removed when no setting is skipped any more."""
+    path = manifest_path(slug, directory)
+    skipped = read_manifest(path) if path.exists() else {}
+    if reason is None:
+        skipped.pop(label, None)
+    else:
+        skipped[label] = " ".join(reason.split())
+    if skipped:
+        ordered = {k: skipped[k] for k in sorted(skipped, key=_isa_rank)}
+        data = {"schema": SCHEMA, "machine": slug, "skipped_settings": ordered}
+        path.write_text(json.dumps(data, indent=1) + "\n")
+    elif path.exists():
+        path.unlink()
+    return path
 
 
 def record_path(isa: str, directory: str | os.PathLike[str] | None = None,
@@ -223,9 +391,10 @@ def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
     fp = machine.fingerprint()
     problems = machine.check_setting(setting, fp)
     if problems:
-        print(f"records: the {label} setting did not take effect: {'; '.join(problems)}",
-              file=sys.stderr)
-        return 3
+        reason = f"{'; '.join(problems)} [{machine.fingerprint_line(fp)}]"
+        print(f"records: skipping {label}: {reason}", file=sys.stderr, flush=True)
+        out.write_text(json.dumps({"skipped": reason}) + "\n")
+        return SKIPPED
     print(f"records [{label}] {machine.fingerprint_line(fp)}", file=sys.stderr, flush=True)
     data: dict[str, Any] = {}
     meta: dict[str, Any] = {}
@@ -277,19 +446,60 @@ def attach_derived(record: dict[str, Any]) -> dict[str, Any]:
 CHILD = "import sys; from convlab.lab.records import main; sys.exit(main(sys.argv[1:]))"
 
 
+SKIPPED = 3  # the child's exit status when its setting could not be verified
+
+
+def _old_record(target: Path, slug: str, label: str) -> tuple[dict[str, Any] | None, str]:
+    """The existing record at ``target`` to merge into (None if absent), or why it cannot
+    be: it does not load, or it is another machine's or setting's."""
+    if not target.exists():
+        return None, ""
+    try:
+        rec = read_record(target)
+    except (ValueError, OSError) as err:
+        return None, str(err)
+    if (rec.machine, rec.isa) != (slug, label):
+        return None, f"{target}: holds {rec.machine}/{rec.isa}, not {slug}/{label}"
+    return json.loads(target.read_text()), ""
+
+
+def _beside(target: Path) -> Path:
+    """A free name next to ``target`` that the loader does not read as a record."""
+    stamp = _now().replace(":", "").replace("-", "")
+    path = target.with_name(f"{target.name}.{stamp}.new")
+    n = 1
+    while path.exists():
+        n += 1
+        path = target.with_name(f"{target.name}.{stamp}-{n}.new")
+    return path
+
+
 def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = None,
             directory: Path | None = None) -> int:
-    """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files."""
+    """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files.
+
+    A setting whose cap cannot be verified is skipped and its reason written into the
+    machine's manifest (:func:`note_skipped`), not counted as an error. The existing record
+    of each setting is validated before its child measures; if it cannot take a merge, the
+    new record is written beside it (``<record>.json.<time>.new``) so that no measurement
+    is lost, and the other settings still run (exit status 1).
+    """
     settings = machine.available_settings()
     if isas:
         settings = [s for s in settings if s.label in isas]
     folder = RECORDS_DIR if directory is None else directory
     folder.mkdir(parents=True, exist_ok=True)
+    slug = machine.machine_slug()
     print(f"records: {machine.cpu_model()} offers {', '.join(s.label for s in settings)}; "
           f"sections {', '.join(sections)}{' (quick)' if quick else ''}", flush=True)
     status = 0
     start = time.perf_counter()
+    default_mkl_path = machine.mkl_probe()  # this process: no cap of this run's settings
     for setting in settings:
+        target = record_path(setting.label, folder, slug)
+        old, old_problem = _old_record(target, slug, setting.label)
+        if old_problem:
+            print(f"records: will not merge into {target.name}: {old_problem}", flush=True)
         env = {**os.environ, **setting.env}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "record.json"
@@ -298,21 +508,62 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
             if quick:
                 cmd.append("--quick")
             code = subprocess.run(cmd, env=env, check=False).returncode
+            if code == SKIPPED and out.exists():
+                reason = json.loads(out.read_text())["skipped"]
+                path = note_skipped(slug, setting.label, reason, folder)
+                print(f"records: {setting.label} skipped (reason in {path.name})", flush=True)
+                continue
             if code or not out.exists():
                 print(f"records: {setting.label} failed (exit {code}); no file written",
                       flush=True)
                 status = 1
                 continue
             new = json.loads(out.read_text())
-        target = record_path(setting.label, folder)
-        old = json.loads(target.read_text()) if target.exists() else None
-        merged = attach_derived(merge(old, new))
-        target.write_text(json.dumps(merged, indent=1, allow_nan=False) + "\n")
-        errors = [n for n, s in merged["sections"].items() if "error" in s]
-        print(f"records: wrote {target}" + (f" (errors in {', '.join(errors)})"
-                                            if errors else ""), flush=True)
+        new["mkl_cap"] = mkl_cap(setting, new["fingerprint"], default_mkl_path)
+        written = _write_merged(target, old, old_problem, new)
+        status = max(status, 0 if written == target else 1)
+        note_skipped(slug, setting.label, None, folder)
+        errors = [n for n, s in new["sections"].items() if "error" in s]
+        print(f"records: wrote {written}" + (f" (errors in {', '.join(errors)})"
+                                             if errors else ""), flush=True)
     print(f"records: done in {time.perf_counter() - start:.0f} s", flush=True)
     return status
+
+
+def mkl_cap(setting: machine.IsaSetting, fp: Mapping[str, Any],
+            default_path: str | None) -> dict[str, Any]:
+    """Whether the setting's ``MKL_ENABLE_INSTRUCTIONS`` changed the code path MKL announced
+    (``changed``: None without MKL). MKL honours the variable on Intel CPUs only."""
+    path = (fp.get("blas") or {}).get("mkl_path")
+    changed = None if path is None or default_path is None else path != default_path
+    return {"env": setting.mkl or None, "path": path, "default_path": default_path,
+            "changed": changed}
+
+
+def _write_merged(target: Path, old: dict[str, Any] | None, old_problem: str,
+                  new: dict[str, Any]) -> Path:
+    """Write ``new`` merged into ``old`` at ``target``; where that cannot be done, write
+    ``new`` alone beside ``target`` and return that path."""
+    if not old_problem:
+        try:
+            merged = attach_derived(merge(old, new))
+            text = json.dumps(merged, indent=1, allow_nan=False) + "\n"
+            problems = validate(json.loads(text))
+            if problems:
+                raise ValueError("; ".join(problems))
+            target.write_text(text)
+            return target
+        except (ValueError, TypeError, KeyError, AttributeError) as err:
+            old_problem = f"merge failed: {type(err).__name__}: {err}"
+    path = _beside(target)
+    try:
+        new = attach_derived(new)
+    except (ValueError, TypeError, KeyError, AttributeError):
+        pass  # the measurements themselves are what must not be lost
+    path.write_text(json.dumps(new, indent=1, allow_nan=False) + "\n")
+    print(f"records: {target.name} kept as it was ({old_problem}); the new record is "
+          f"{path.name}", flush=True)
+    return path
 
 
 def parse_sections(text: str | None) -> list[str]:

@@ -6,8 +6,11 @@
   does not recognise (the fingerprint's ``blas.mkl_path`` says which), so its GEMM is no
   peak by itself: the faster of the two is.
 * **Memory**: STREAM-like ``copy`` (``b = a``) and ``triad`` (``a = b + s * c``) on float32
-  arrays larger than the last-level cache (64 MiB each), GB/s counted as STREAM does (2 and 3 arrays
-  moved per element; write-allocate traffic not counted), at 1 thread and at all of them.
+  arrays of at least 64 MiB and, in a full run, at least four times the last-level cache
+  (STREAM's rule; the cache size is read from sysfs, and the arrays stay within half of the
+  available memory, the record says when that bound was hit), GB/s counted as STREAM does
+  (2 and 3 arrays moved per element; write-allocate traffic not counted), at 1 thread and
+  at all of them.
 
 :func:`fractions` places each path of the ``suite`` section on the roofline: its GFLOP/s
 as a fraction of the peak, its GB/s as a fraction of the triad bandwidth, and its share of
@@ -23,11 +26,15 @@ from typing import Any
 
 import torch
 
+from convlab.lab import machine
 from convlab.lab.suite import thread_counts, timing_dict
 from convlab.lab.timing import interleaved
 
-FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05, "gemm_n": 1024, "stream_log2": 24}
-QUICK = {"rounds": 3, "min_calls": 3, "min_run_time": 0.01, "gemm_n": 512, "stream_log2": 23}
+FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05, "gemm_n": 1024, "stream_log2": 24,
+        "llc_multiple": 4}
+# quick runs are smoke runs: their arrays are not sized from the cache
+QUICK = {"rounds": 3, "min_calls": 3, "min_run_time": 0.01, "gemm_n": 512, "stream_log2": 23,
+         "llc_multiple": 0}
 TRIAD_SCALAR = 3.0
 
 
@@ -52,12 +59,35 @@ def _stream_candidates(elements: int) -> dict[str, Any]:
     }
 
 
+def stream_elements(minimum: int, llc: int | None, multiple: int,
+                    available: int | None) -> tuple[int, dict[str, Any]]:
+    """float32 elements per STREAM array: at least ``minimum`` and ``multiple`` x the
+    last-level cache ``llc`` (bytes), the three arrays within half of ``available`` bytes;
+    and how that came out (``llc_bytes``, ``array_over_llc``, ``capped_by_memory``).
+
+    >>> stream_elements(2**24, 300 * 2**20, 4, 64 * 2**30)[0] * 4 // 2**20  # MiB
+    1200
+    """
+    elements = minimum
+    if llc and multiple:
+        elements = max(elements, -(-multiple * llc // 4))
+    capped = False
+    if available:
+        fit = available // 2 // (3 * 4)
+        if elements > fit:
+            elements, capped = max(fit, 1), True
+    over = round(4 * elements / llc, 2) if llc else None
+    return elements, {"llc_bytes": llc, "array_over_llc": over, "capped_by_memory": capped}
+
+
 def record(quick: bool = False) -> dict[str, Any]:
     """Peak GFLOP/s and STREAM GB/s at 1 and all threads (module docstring)."""
     cfg = QUICK if quick else FULL
     counts = thread_counts()
     n = cfg["gemm_n"]
-    elements = 2 ** cfg["stream_log2"]
+    elements, sizing = stream_elements(
+        2 ** cfg["stream_log2"], machine.last_level_cache(machine.cache_sizes()),
+        cfg.get("llc_multiple", 0), machine.memory_available())
     kinds = {**_gemm_candidates(n), **_stream_candidates(elements)}
     fns, threads = {}, {}
     for name, fn in kinds.items():
@@ -82,7 +112,7 @@ def record(quick: bool = False) -> dict[str, Any]:
     return {
         "method": {**cfg, "threads": counts, "stream_bytes": "copy 8 B, triad 12 B per "
                    "element (STREAM's count; write-allocate not counted)",
-                   "array_mib": 4 * elements / 2**20},
+                   "array_mib": 4 * elements / 2**20, **sizing},
         "gemm": gemm, "stream": stream, "peak_gflops": peak, "peak_from": best,
         "triad_gbytes_s": bandwidth,
         "copy_gbytes_s": {str(k): stream["copy"][str(k)]["gbytes_s"] for k in counts},

@@ -20,7 +20,16 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from convlab.lab.claims import bits, cuda, memory, onednn, perf, routing, subnormal
+from convlab.lab.claims import (
+    bits,
+    cuda,
+    inductor,
+    memory,
+    onednn,
+    perf,
+    routing,
+    subnormal,
+)
 
 # Re-exported: the types, statuses and helpers callers use as claims.X.
 from convlab.lab.claims.core import CANNOT as CANNOT
@@ -40,7 +49,7 @@ __all__ = ["CLAIMS", "chapters", "evaluate", "matrix", "record_outcomes", "repor
 # Every table's rows, in book order (intro, then chapters 1..13), table order within one.
 CLAIMS: tuple[Claim, ...] = tuple(sorted(
     routing.CLAIMS + subnormal.CLAIMS + onednn.CLAIMS + perf.CLAIMS + memory.CLAIMS
-    + bits.CLAIMS + cuda.CLAIMS, key=lambda c: CHAPTERS.index(c.chapter)))
+    + inductor.CLAIMS + bits.CLAIMS + cuda.CLAIMS, key=lambda c: CHAPTERS.index(c.chapter)))
 
 
 def chapters() -> list[int | str]:

@@ -177,13 +177,15 @@ def mkl_gflops() -> float:
 
 
 # SSE4.2 has 4-wide vectors and no FMA against AVX2's 8-wide FMA (4x the peak): an MKL
-# that the setting really capped runs at well under 1/1.5 of its uncapped rate.
-CAPPED_FACTOR = 1.5
+# that the setting really capped runs at well under half its uncapped rate. Half, not
+# less: CPU-time rates of two processes on a shared machine have differed by 1.4x here.
+CAPPED_FACTOR = 2.0
 
 
 def check_sse41_setting_caps_mkl() -> Outcome:
     """Under the records' SSE4.1 setting MKL's GEMM is slowed as an SSE4.1 machine's
-    would be (at least 1.5x below its rate here), i.e. the setting caps MKL too."""
+    would be (at least 2x below its rate here, times the A/A gap of two measurements
+    here), i.e. the setting caps MKL too."""
     from convlab.lab import machine
     from convlab.lab.claims.probe import capped_env, facts_under
 
@@ -194,11 +196,14 @@ def check_sse41_setting_caps_mkl() -> Outcome:
         return cannot("no sse41 setting in convlab.lab.machine")
     if capped_env() == dict(setting.env) or "avx2" not in machine.cpu_flags():
         return cannot("this process or CPU is already at the SSE4.1 level")
-    here, there = mkl_gflops(), facts_under(dict(setting.env))["mkl_gflops"]
-    return verdict(here / there >= CAPPED_FACTOR,
-                   f"MKL sgemm 1 thread (CPU time): here {here:.0f} GFLOP/s, under the "
-                   f"sse41 setting {there:.0f} (x{here / there:.2f}; capped <= "
-                   f"x{1 / CAPPED_FACTOR:.2f})", here=here, sse41=there,
+    first = mkl_gflops()
+    there = facts_under(dict(setting.env))["mkl_gflops"]
+    again = mkl_gflops()  # an A/A pair around the child: how much the rate moves here
+    here, aa = max(first, again), max(first, again) / min(first, again)
+    return verdict(here / there >= CAPPED_FACTOR * aa,
+                   f"MKL sgemm 1 thread (CPU time): here {here:.0f} GFLOP/s (A/A x{aa:.2f}), "
+                   f"under the sse41 setting {there:.0f}: x{here / there:.2f}; a capped MKL "
+                   f">= x{CAPPED_FACTOR:.1f}", here=here, aa=aa, sse41=there,
                    env=dict(setting.env))
 
 

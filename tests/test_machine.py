@@ -12,7 +12,7 @@ import pytest
 import torch
 from fixtures.cpu_fixtures import INTEL, fixture_run, intel_fixture, json_fixture, setting
 
-from convlab.lab import machine
+from convlab.lab import isa_settings, machine
 
 OFFERED = {
     "intel": ["amx", "avx512_fp16", "avx512_bf16", "avx512", "avx2", "sse41"],
@@ -36,7 +36,7 @@ AVX512_BF16 = {"sse4_1", "avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx5
 
 
 def test_available_settings_cap_downwards_only():
-    labels = lambda flags: [s.label for s in machine.available_settings(flags)]  # noqa: E731
+    labels = lambda flags: [s.label for s in isa_settings.available_settings(flags)]  # noqa: E731
     assert labels({"sse4_1", "avx2", "fma"}) == ["avx2", "sse41"]
     assert labels(AVX512_BF16) == ["avx512_bf16", "avx512", "avx2", "sse41"]
     assert labels(AVX512_BF16 - {"avx512_bf16"}) == ["avx512", "avx2", "sse41"]
@@ -47,14 +47,14 @@ def test_available_settings_cap_downwards_only():
 
 
 def test_settings_name_both_libraries():
-    for s in machine.ISA_SETTINGS:
+    for s in isa_settings.ISA_SETTINGS:
         assert set(s.env) == set(machine.ISA_ENV_VARS) == {
             "ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS"}
         assert s.env["ATEN_CPU_CAPABILITY"] in {"default", "avx2", "avx512"}
     # MKL's levels within each cap (its mkl_enable_instructions reference, oneMKL 2024.2)
-    assert [s.mkl for s in machine.ISA_SETTINGS] == [
+    assert [s.mkl for s in isa_settings.ISA_SETTINGS] == [
         "AVX512_E4", "AVX512_E3", "AVX512_E3", "AVX512", "AVX2", "SSE4_2"]
-    assert machine.ISA_ORDER[-1] == "sse41"
+    assert isa_settings.ISA_ORDER[-1] == "sse41"
 
 
 @pytest.mark.parametrize(("model", "cores", "slug"), [
@@ -114,25 +114,25 @@ def test_the_mkl_code_path_is_kept_whole():
     ("brg_conv_fwd:avx10_1_512_amx", "avx10_1_512_amx"), ("jit_dw:avx512_core", "avx512_core"),
 ])
 def test_onednn_isa_of_an_implementation(impl, isa):
-    assert machine.onednn_isa_of(impl) == isa
+    assert isa_settings.onednn_isa_of(impl) == isa
 
 
 def test_every_setting_names_a_ranked_onednn_isa_widest_first():
-    ranks = [s.rank for s in machine.ISA_SETTINGS]
+    ranks = [s.rank for s in isa_settings.ISA_SETTINGS]
     assert ranks == sorted(ranks, reverse=True) and len(set(ranks)) == len(ranks)
 
 
 @pytest.mark.parametrize("cpu", OFFERED)
 def test_fixture_cpus_offer_their_settings(cpu):
     flags = intel_fixture()["flags"] if cpu == "intel" else json_fixture(cpu)["flags"]
-    assert [s.label for s in machine.available_settings(flags)] == OFFERED[cpu]
+    assert [s.label for s in isa_settings.available_settings(flags)] == OFFERED[cpu]
     if cpu != "intel":
         assert list(json_fixture(cpu)["runs"]) == OFFERED[cpu]
 
 
 @pytest.mark.parametrize(("cpu", "label"), CASES, ids=[f"{c}-{lb}" for c, lb in CASES])
 def test_a_setting_counts_as_taken_when_its_cap_is_observed(cpu, label):
-    problems = machine.check_setting(setting(label), fixture_run(cpu, label), onednn=True)
+    problems = isa_settings.check_setting(setting(label), fixture_run(cpu, label), onednn=True)
     want = NOT_VERIFIED.get((cpu, label))
     if want:
         assert len(problems) == 1 and problems[0].startswith(want), problems
@@ -145,31 +145,31 @@ def test_vendor_prose_is_never_read():
     part, only the kernels that ran do."""
     run = fixture_run("amd-epyc-avx512-bf16-x2", "avx512_bf16")
     for info in (None, "Intel AVX 10.1", "with float16", "anything"):
-        assert machine.check_setting(setting("avx512_bf16"), {**run, "onednn_isa_info": info},
+        assert isa_settings.check_setting(setting("avx512_bf16"), {**run, "onednn_isa_info": info},
                                      onednn=True) == []
 
 
 def test_a_cap_that_did_not_take_effect_is_named():
     intel_uncapped = {**intel_fixture()["runs"][None], "aten_cpu_capability": "AVX2"}
-    (problem,) = machine.check_setting(setting("avx2"), intel_uncapped, onednn=True)
+    (problem,) = isa_settings.check_setting(setting("avx2"), intel_uncapped, onednn=True)
     assert problem == "oneDNN ran jit:avx512_core (float32), above the avx2 cap"
     bf16 = fixture_run("amd-epyc-avx512-bf16-x2", "avx512_bf16")
-    (problem,) = machine.check_setting(setting("avx512"), bf16, onednn=True)
+    (problem,) = isa_settings.check_setting(setting("avx512"), bf16, onednn=True)
     assert problem == ("oneDNN ran jit_bf16:avx512_core_bf16 (bfloat16), above the "
                        "avx512_core cap")
     aten = {**fixture_run("amd-epyc-avx2-x2", "sse41"), "aten_cpu_capability": "AVX2"}
-    assert machine.check_setting(setting("sse41"), aten, onednn=True) == [
+    assert isa_settings.check_setting(setting("sse41"), aten, onednn=True) == [
         "ATen reports 'AVX2', expected 'DEFAULT'"]
     # the Intel strings as taken: ATen was not capped then
     raw = intel_fixture()["runs"]["SSE41"]
-    assert "ATen reports 'AVX512'" in machine.check_setting(setting("sse41"), raw,
+    assert "ATen reports 'AVX512'" in isa_settings.check_setting(setting("sse41"), raw,
                                                             onednn=True)[0]
 
 
 def test_without_onednn_only_aten_is_checked():
     run = {"aten_cpu_capability": "AVX2", "onednn_implementations": {}}
-    assert machine.check_setting(setting("avx2"), run, onednn=False) == []
-    (problem,) = machine.check_setting(setting("avx2"), run, onednn=True)
+    assert isa_settings.check_setting(setting("avx2"), run, onednn=False) == []
+    (problem,) = isa_settings.check_setting(setting("avx2"), run, onednn=True)
     assert problem.startswith("cannot verify the cap") and "highest: none" in problem
 
 
@@ -202,13 +202,13 @@ def test_fingerprint_leaves_verbose_off_and_prints_nothing(capfd):
 
 def test_a_fresh_process_under_the_lowest_setting_reports_it():
     """The caps take effect in a new process (and are checked as records.py checks them)."""
-    sse = machine.ISA_SETTINGS[-1]
-    if not machine.available_settings() or sse.label not in {
-            s.label for s in machine.available_settings()}:
+    sse = isa_settings.ISA_SETTINGS[-1]
+    if not isa_settings.available_settings() or sse.label not in {
+            s.label for s in isa_settings.available_settings()}:
         pytest.skip("this CPU has no SSE4.1")
-    code = ("import json, convlab.lab.machine as m; fp = m.fingerprint(); "
-            "print(json.dumps([fp['aten_cpu_capability'], "
-            "m.check_setting(m.ISA_SETTINGS[-1], fp)]))")
+    code = ("import json; from convlab.lab import machine as m, isa_settings as s; "
+            "fp = m.fingerprint(); print(json.dumps([fp['aten_cpu_capability'], "
+            "s.check_setting(s.ISA_SETTINGS[-1], fp)]))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **sse.env},
                          capture_output=True, text=True, check=True).stdout
     capability, problems = json.loads(out.strip().splitlines()[-1])

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from convlab.aten import native
-from convlab.lab import bench, machine, paths
+from convlab.lab import bench, isa_settings, machine, paths
 from convlab.lab.paths import CASES, Layer, NotApplicable
 from convlab.scratch import reference
 
@@ -261,7 +261,7 @@ def fingerprint_lines() -> list[str]:
     if isinstance(numpy_blas, list):
         numpy_blas = ", ".join(f"{b['internal_api']} {b['version']} ({b['architecture']}, "
                                f"{b['num_threads']} threads)" for b in numpy_blas) or "none"
-    settings = ", ".join(s.label for s in machine.available_settings()) or "none"
+    settings = ", ".join(s.label for s in isa_settings.available_settings()) or "none"
     return [
         machine.fingerprint_line(fp),
         f"CPU flags: {' '.join(fp['isa_flags']) or '(none read)'}",

@@ -1,13 +1,13 @@
 """Measurement records: one JSON file per machine and instruction set, and the command that
 writes them (``make records``, i.e. ``python -m convlab.lab.records``).
 
-For each ISA setting this CPU can offer (:func:`convlab.lab.machine.available_settings`:
+For each ISA setting this CPU can offer (:func:`convlab.lab.isa_settings.available_settings`:
 capping downwards only, e.g. avx2 and sse41 on an AVX2 CPU; avx512, avx2 and sse41 on an
 AVX-512 one, plus avx512_bf16/avx512_fp16/amx where the CPU has them) the command starts a
 fresh Python process with ``ONEDNN_MAX_CPU_ISA``, ``ATEN_CPU_CAPABILITY`` and
 ``MKL_ENABLE_INSTRUCTIONS`` set, checks in it that the caps took effect (ATen's reported
 capability and the instruction sets of the oneDNN kernels that ran;
-:func:`convlab.lab.machine.check_setting`), runs every section of ``SECTIONS``
+:func:`convlab.lab.isa_settings.check_setting`), runs every section of ``SECTIONS``
 and writes ``book/data/records/<machine-slug>__<isa>.json``. Records of other machines in
 that folder are left alone, so a record from another machine is added by running the same
 command there. A section that raises is stored as ``{"error": "..."}``.
@@ -54,9 +54,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convlab.lab import machine
+from convlab.lab import isa_settings, machine, record_schema
 
-SCHEMA = 1
 # name -> "module:function"; each function is record(quick: bool = False) -> dict.
 SECTIONS: dict[str, str] = {
     "suite": "convlab.lab.bench:record",
@@ -74,19 +73,6 @@ ISA_NAMES: dict[str, str] = {
     "amx": "AMX", "avx512_fp16": "AVX-512-FP16", "avx512_bf16": "AVX-512-BF16",
     "avx512": "AVX-512", "avx2": "AVX2", "sse41": "SSE4.1",
 }
-REQUIRED: dict[str, type | tuple[type, ...]] = {
-    "schema": int, "isa": str, "env": dict, "created": str, "quick": bool, "load": dict,
-    "fingerprint": dict, "sections": dict,
-}
-MANIFEST_SUFFIX = ".manifest.json"
-MKL_CAP_KEYS: tuple[str, ...] = ("env", "path", "default_path", "changed")
-FINGERPRINT_KEYS: tuple[str, ...] = (
-    "cpu_model", "cores", "isa_flags", "aten_cpu_capability", "onednn_version", "onednn_isa",
-    "mkldnn_bf16_supported", "mkldnn_fp16_supported", "blas", "threads", "torch_version",
-    "torch_build", "python",
-)
-
-
 @dataclass(frozen=True)
 class Record:
     """One record file: the measurements of one machine under one ISA setting."""
@@ -136,100 +122,6 @@ class Record:
         return self.sections[name]
 
 
-# Types of the fingerprint keys the loader and the chapters read (None: not measured).
-FINGERPRINT_TYPES: dict[str, type | tuple[type, ...]] = {
-    "cpu_model": str, "cores": int, "isa_flags": list, "aten_cpu_capability": str,
-    "onednn_version": (str, type(None)), "onednn_isa": (str, type(None)),
-    "mkldnn_bf16_supported": (bool, type(None)), "mkldnn_fp16_supported": (bool, type(None)),
-    "blas": dict, "threads": int, "torch_version": str, "torch_build": str, "python": str,
-}
-
-
-def _is(value: object, kind: type | tuple[type, ...]) -> bool:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    if isinstance(value, bool) and bool not in kinds:
-        return False  # JSON true is not a core count
-    return isinstance(value, kinds)
-
-
-def _kind_name(kind: type | tuple[type, ...]) -> str:
-    kinds = kind if isinstance(kind, tuple) else (kind,)
-    return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
-
-
-def _non_finite(value: Any, where: str) -> list[str]:
-    """Key paths of NaN/inf numbers (``json.loads`` accepts them; the writer refuses)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return [where]
-    if isinstance(value, dict):
-        return [p for k, v in value.items() for p in _non_finite(v, f"{where}.{k}")]
-    if isinstance(value, list):
-        return [p for i, v in enumerate(value) for p in _non_finite(v, f"{where}[{i}]")]
-    return []
-
-
-def validate(data: object) -> list[str]:
-    """What is wrong with a record's JSON data (empty list: valid schema 1), each problem
-    naming its key."""
-    if not isinstance(data, dict):
-        return [f"a record is a JSON object, got {type(data).__name__}"]
-    problems = []
-    for key, kind in REQUIRED.items():
-        if key not in data:
-            problems.append(f"missing key {key!r}")
-        elif not _is(data[key], kind):
-            problems.append(f"{key!r} must be {_kind_name(kind)}, "
-                            f"got {type(data[key]).__name__}")
-    if "section_meta" in data and not isinstance(data["section_meta"], dict):
-        problems.append(f"'section_meta' must be dict, got "
-                        f"{type(data['section_meta']).__name__}")
-    if problems:
-        return problems
-    problems += [f"{p} is not a finite number" for p in _non_finite(data, "record")]
-    if data["schema"] != SCHEMA:
-        problems.append(f"schema {data['schema']} is not {SCHEMA}")
-    if data["isa"] not in machine.ISA_ORDER:
-        problems.append(f"isa {data['isa']!r} is none of {', '.join(machine.ISA_ORDER)}")
-    fp = data["fingerprint"]
-    missing = [k for k in FINGERPRINT_KEYS if k not in fp]
-    if missing:
-        problems.append(f"fingerprint lacks {', '.join(missing)}")
-    for key, kind in FINGERPRINT_TYPES.items():
-        if key in fp and not _is(fp[key], kind):
-            problems.append(f"fingerprint.{key} must be {_kind_name(kind)}, "
-                            f"got {type(fp[key]).__name__}")
-    for key in ("before", "after"):
-        value = data["load"].get(key)
-        if not (isinstance(value, list) and len(value) == 3
-                and all(_is(v, (int, float)) for v in value)):
-            problems.append(f"load[{key!r}] must be the three os.getloadavg() numbers")
-    for name, section in data["sections"].items():
-        if not isinstance(section, dict):
-            problems.append(f"section {name!r} must be an object")
-    for name, meta in data.get("section_meta", {}).items():
-        if not isinstance(meta, dict):
-            problems.append(f"section_meta[{name!r}] must be an object")
-    cap = data.get("mkl_cap")
-    if cap is not None and not (isinstance(cap, dict) and set(cap) == set(MKL_CAP_KEYS)
-                                and _is(cap["changed"], (bool, type(None)))):
-        problems.append(f"'mkl_cap' must be an object with {', '.join(MKL_CAP_KEYS)} "
-                        "(changed: true, false or null)")
-    if "claims" in data["sections"] and "error" not in data["sections"]["claims"]:
-        problems += _claims_problems(data["sections"]["claims"])
-    try:
-        dt.datetime.fromisoformat(data["created"].replace("Z", "+00:00"))
-    except ValueError:
-        problems.append(f"created {data['created']!r} is not an ISO time")
-    return problems
-
-
-def _claims_problems(claims: dict[str, Any]) -> list[str]:
-    """The optional ``claims`` section: ``{claim id: {"status": ..., ...}}``."""
-    return [f"sections.claims[{cid!r}] must be an object with a string status"
-            for cid, outcome in claims.items()
-            if not (isinstance(outcome, dict) and isinstance(outcome.get("status"), str))]
-
-
 def read_record(path: str | os.PathLike[str]) -> Record:
     """One record file (``ValueError`` naming the file and the problems if invalid)."""
     path = Path(path)
@@ -237,7 +129,7 @@ def read_record(path: str | os.PathLike[str]) -> Record:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}: not JSON ({err})") from None
-    problems = validate(data)
+    problems = record_schema.validate(data)
     if problems:
         raise ValueError(f"{path}: invalid record: {'; '.join(problems)}")
     return Record(path=path, isa=data["isa"], env=data["env"], created=data["created"],
@@ -251,7 +143,7 @@ def _refuse_constant(name: str) -> float:
 
 
 def _isa_rank(isa: str) -> int:
-    order = machine.ISA_ORDER
+    order = isa_settings.ISA_ORDER
     return order.index(isa) if isa in order else len(order)
 
 
@@ -262,40 +154,14 @@ def load_records(directory: str | os.PathLike[str] | None = None) -> list[Record
     if not folder.is_dir():
         return []
     records = [read_record(p) for p in sorted(folder.glob("*.json"))
-               if not p.name.endswith(MANIFEST_SUFFIX)]
+               if not p.name.endswith(record_schema.MANIFEST_SUFFIX)]
     return sorted(records, key=lambda r: (r.machine, _isa_rank(r.isa), r.path.name))
 
 
 def manifest_path(slug: str, directory: str | os.PathLike[str] | None = None) -> Path:
     """Where the manifest of machine ``slug`` lives (``<slug>.manifest.json``)."""
     folder = RECORDS_DIR if directory is None else Path(directory)
-    return folder / f"{slug}{MANIFEST_SUFFIX}"
-
-
-def validate_manifest(data: object, slug: str | None = None) -> list[str]:
-    """What is wrong with a manifest's JSON data (empty list: valid schema 1)."""
-    if not isinstance(data, dict):
-        return [f"a manifest is a JSON object, got {type(data).__name__}"]
-    problems = []
-    if data.get("schema") != SCHEMA or isinstance(data.get("schema"), bool):
-        problems.append(f"schema must be {SCHEMA}, got {data.get('schema')!r}")
-    if not isinstance(data.get("machine"), str) or (slug and data["machine"] != slug):
-        problems.append(f"machine must be the file's slug {slug!r}, got "
-                        f"{data.get('machine')!r}")
-    skipped = data.get("skipped_settings")
-    if not isinstance(skipped, dict):
-        problems.append(f"skipped_settings must be an object, got {type(skipped).__name__}")
-        return problems
-    for label, reason in skipped.items():
-        if label not in machine.ISA_ORDER:
-            problems.append(f"skipped_settings: {label!r} is none of "
-                            f"{', '.join(machine.ISA_ORDER)}")
-        if not isinstance(reason, str) or not reason.strip():
-            problems.append(f"skipped_settings[{label!r}] must be a non-empty reason")
-    unknown = sorted(set(data) - {"schema", "machine", "skipped_settings"})
-    if unknown:
-        problems.append(f"unknown keys {', '.join(map(repr, unknown))}")
-    return problems
+    return folder / f"{slug}{record_schema.MANIFEST_SUFFIX}"
 
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, str]:
@@ -305,7 +171,8 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, str]:
         data = json.loads(path.read_text(), parse_constant=_refuse_constant)
     except (json.JSONDecodeError, ValueError) as err:
         raise ValueError(f"{path}: not JSON ({err})") from None
-    problems = validate_manifest(data, path.name.removesuffix(MANIFEST_SUFFIX))
+    slug = path.name.removesuffix(record_schema.MANIFEST_SUFFIX)
+    problems = record_schema.validate_manifest(data, slug)
     if problems:
         raise ValueError(f"{path}: invalid manifest: {'; '.join(problems)}")
     return dict(data["skipped_settings"])
@@ -316,8 +183,8 @@ def load_manifests(directory: str | os.PathLike[str] | None = None) -> dict[str,
     folder = RECORDS_DIR if directory is None else Path(directory)
     if not folder.is_dir():
         return {}
-    return {p.name.removesuffix(MANIFEST_SUFFIX): read_manifest(p)
-            for p in sorted(folder.glob(f"*{MANIFEST_SUFFIX}"))}
+    return {p.name.removesuffix(record_schema.MANIFEST_SUFFIX): read_manifest(p)
+            for p in sorted(folder.glob(f"*{record_schema.MANIFEST_SUFFIX}"))}
 
 
 def note_skipped(slug: str, label: str, reason: str | None,
@@ -333,7 +200,7 @@ def note_skipped(slug: str, label: str, reason: str | None,
         skipped[label] = " ".join(reason.split())
     if skipped:
         ordered = {k: skipped[k] for k in sorted(skipped, key=_isa_rank)}
-        data = {"schema": SCHEMA, "machine": slug, "skipped_settings": ordered}
+        data = {"schema": record_schema.SCHEMA, "machine": slug, "skipped_settings": ordered}
         path.write_text(json.dumps(data, indent=1) + "\n")
     elif path.exists():
         path.unlink()
@@ -386,10 +253,10 @@ def run_section(name: str, quick: bool) -> dict[str, Any]:
 
 def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
     """The fresh process of one ISA setting: check the cap, run the sections, write ``out``."""
-    setting = next(s for s in machine.ISA_SETTINGS if s.label == label)
+    setting = next(s for s in isa_settings.ISA_SETTINGS if s.label == label)
     load_before = _load()
     fp = machine.fingerprint()
-    problems = machine.check_setting(setting, fp)
+    problems = isa_settings.check_setting(setting, fp)
     if problems:
         reason = f"{'; '.join(problems)} [{machine.fingerprint_line(fp)}]"
         print(f"records: skipping {label}: {reason}", file=sys.stderr, flush=True)
@@ -407,7 +274,8 @@ def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
         status = data[name].get("error", "ok")
         print(f"records [{label}] {name}: {status} ({seconds} s)", file=sys.stderr, flush=True)
     record = {
-        "schema": SCHEMA, "isa": label, "env": setting.env, "created": _now(), "quick": quick,
+        "schema": record_schema.SCHEMA, "isa": label, "env": setting.env, "created": _now(),
+        "quick": quick,
         "load": {"before": load_before, "after": _load()}, "fingerprint": fp,
         "sections": data, "section_meta": meta,
     }
@@ -420,7 +288,7 @@ def merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
 
     The load and fingerprint are the new run's; ``quick`` is true if any kept section was.
     """
-    if not old or old.get("schema") != SCHEMA:
+    if not old or old.get("schema") != record_schema.SCHEMA:
         return new
     merged = dict(new)
     merged["sections"] = {**old.get("sections", {}), **new["sections"]}
@@ -484,7 +352,7 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
     new record is written beside it (``<record>.json.<time>.new``) so that no measurement
     is lost, and the other settings still run (exit status 1).
     """
-    settings = machine.available_settings()
+    settings = isa_settings.available_settings()
     if isas:
         settings = [s for s in settings if s.label in isas]
     folder = RECORDS_DIR if directory is None else directory
@@ -530,7 +398,7 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
     return status
 
 
-def mkl_cap(setting: machine.IsaSetting, fp: Mapping[str, Any],
+def mkl_cap(setting: isa_settings.IsaSetting, fp: Mapping[str, Any],
             default_path: str | None) -> dict[str, Any]:
     """Whether the setting's ``MKL_ENABLE_INSTRUCTIONS`` changed the code path MKL announced
     (``changed``: None without MKL). MKL honours the variable on Intel CPUs only."""
@@ -548,7 +416,7 @@ def _write_merged(target: Path, old: dict[str, Any] | None, old_problem: str,
         try:
             merged = attach_derived(merge(old, new))
             text = json.dumps(merged, indent=1, allow_nan=False) + "\n"
-            problems = validate(json.loads(text))
+            problems = record_schema.validate(json.loads(text))
             if problems:
                 raise ValueError("; ".join(problems))
             target.write_text(text)
@@ -594,10 +462,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         sections = parse_sections(args.sections)
         isas = [i for i in args.isa.replace(",", " ").split() if i]
-        bad = [i for i in isas if i not in machine.ISA_ORDER]
+        bad = [i for i in isas if i not in isa_settings.ISA_ORDER]
         if bad:
             raise ValueError(f"isa: unknown {', '.join(bad)}; choose from "
-                             f"{', '.join(machine.ISA_ORDER)}")
+                             f"{', '.join(isa_settings.ISA_ORDER)}")
     except ValueError as err:
         print(f"records: error: {err}", file=sys.stderr)
         return 2

@@ -65,7 +65,8 @@ def stream_elements(minimum: int, llc: int | None, multiple: int,
     last-level cache ``llc`` (bytes), the three arrays within half of ``available`` bytes;
     and how that came out (``llc_bytes``, ``array_over_llc``, ``capped_by_memory``).
 
-    >>> stream_elements(2**24, 300 * 2**20, 4, 64 * 2**30)[0] * 4 // 2**20  # MiB
+    >>> n, _ = stream_elements(2**24, 300 * 2**20, 4, 2**36)
+    >>> n * 4 // 2**20  # MiB per array
     1200
     """
     elements = minimum

@@ -1,0 +1,146 @@
+"""The schema of a measurement record and of a machine's manifest (schema 1): what
+:func:`validate` and :func:`validate_manifest` accept, each problem naming its key.
+
+The files themselves are read and written by :mod:`convlab.lab.records`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any
+
+from convlab.lab import isa_settings
+
+SCHEMA = 1
+REQUIRED: dict[str, type | tuple[type, ...]] = {
+    "schema": int, "isa": str, "env": dict, "created": str, "quick": bool, "load": dict,
+    "fingerprint": dict, "sections": dict,
+}
+MANIFEST_SUFFIX = ".manifest.json"
+MKL_CAP_KEYS: tuple[str, ...] = ("env", "path", "default_path", "changed")
+FINGERPRINT_KEYS: tuple[str, ...] = (
+    "cpu_model", "cores", "isa_flags", "aten_cpu_capability", "onednn_version", "onednn_isa",
+    "mkldnn_bf16_supported", "mkldnn_fp16_supported", "blas", "threads", "torch_version",
+    "torch_build", "python",
+)
+
+
+# Types of the fingerprint keys the loader and the chapters read (None: not measured).
+FINGERPRINT_TYPES: dict[str, type | tuple[type, ...]] = {
+    "cpu_model": str, "cores": int, "isa_flags": list, "aten_cpu_capability": str,
+    "onednn_version": (str, type(None)), "onednn_isa": (str, type(None)),
+    "mkldnn_bf16_supported": (bool, type(None)), "mkldnn_fp16_supported": (bool, type(None)),
+    "blas": dict, "threads": int, "torch_version": str, "torch_build": str, "python": str,
+}
+
+
+def _is(value: object, kind: type | tuple[type, ...]) -> bool:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        return False  # JSON true is not a core count
+    return isinstance(value, kinds)
+
+
+def _kind_name(kind: type | tuple[type, ...]) -> str:
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    return " or ".join("null" if k is type(None) else k.__name__ for k in kinds)
+
+
+def _non_finite(value: Any, where: str) -> list[str]:
+    """Key paths of NaN/inf numbers (``json.loads`` accepts them; the writer refuses)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return [where]
+    if isinstance(value, dict):
+        return [p for k, v in value.items() for p in _non_finite(v, f"{where}.{k}")]
+    if isinstance(value, list):
+        return [p for i, v in enumerate(value) for p in _non_finite(v, f"{where}[{i}]")]
+    return []
+
+
+def validate(data: object) -> list[str]:
+    """What is wrong with a record's JSON data (empty list: valid schema 1), each problem
+    naming its key."""
+    if not isinstance(data, dict):
+        return [f"a record is a JSON object, got {type(data).__name__}"]
+    problems = []
+    for key, kind in REQUIRED.items():
+        if key not in data:
+            problems.append(f"missing key {key!r}")
+        elif not _is(data[key], kind):
+            problems.append(f"{key!r} must be {_kind_name(kind)}, "
+                            f"got {type(data[key]).__name__}")
+    if "section_meta" in data and not isinstance(data["section_meta"], dict):
+        problems.append(f"'section_meta' must be dict, got "
+                        f"{type(data['section_meta']).__name__}")
+    if problems:
+        return problems
+    problems += [f"{p} is not a finite number" for p in _non_finite(data, "record")]
+    if data["schema"] != SCHEMA:
+        problems.append(f"schema {data['schema']} is not {SCHEMA}")
+    if data["isa"] not in isa_settings.ISA_ORDER:
+        problems.append(f"isa {data['isa']!r} is none of {', '.join(isa_settings.ISA_ORDER)}")
+    fp = data["fingerprint"]
+    missing = [k for k in FINGERPRINT_KEYS if k not in fp]
+    if missing:
+        problems.append(f"fingerprint lacks {', '.join(missing)}")
+    for key, kind in FINGERPRINT_TYPES.items():
+        if key in fp and not _is(fp[key], kind):
+            problems.append(f"fingerprint.{key} must be {_kind_name(kind)}, "
+                            f"got {type(fp[key]).__name__}")
+    for key in ("before", "after"):
+        value = data["load"].get(key)
+        if not (isinstance(value, list) and len(value) == 3
+                and all(_is(v, (int, float)) for v in value)):
+            problems.append(f"load[{key!r}] must be the three os.getloadavg() numbers")
+    for name, section in data["sections"].items():
+        if not isinstance(section, dict):
+            problems.append(f"section {name!r} must be an object")
+    for name, meta in data.get("section_meta", {}).items():
+        if not isinstance(meta, dict):
+            problems.append(f"section_meta[{name!r}] must be an object")
+    cap = data.get("mkl_cap")
+    if cap is not None and not (isinstance(cap, dict) and set(cap) == set(MKL_CAP_KEYS)
+                                and _is(cap["changed"], (bool, type(None)))):
+        problems.append(f"'mkl_cap' must be an object with {', '.join(MKL_CAP_KEYS)} "
+                        "(changed: true, false or null)")
+    if "claims" in data["sections"] and "error" not in data["sections"]["claims"]:
+        problems += _claims_problems(data["sections"]["claims"])
+    try:
+        dt.datetime.fromisoformat(data["created"].replace("Z", "+00:00"))
+    except ValueError:
+        problems.append(f"created {data['created']!r} is not an ISO time")
+    return problems
+
+
+def _claims_problems(claims: dict[str, Any]) -> list[str]:
+    """The optional ``claims`` section: ``{claim id: {"status": ..., ...}}``."""
+    return [f"sections.claims[{cid!r}] must be an object with a string status"
+            for cid, outcome in claims.items()
+            if not (isinstance(outcome, dict) and isinstance(outcome.get("status"), str))]
+
+
+def validate_manifest(data: object, slug: str | None = None) -> list[str]:
+    """What is wrong with a manifest's JSON data (empty list: valid schema 1)."""
+    if not isinstance(data, dict):
+        return [f"a manifest is a JSON object, got {type(data).__name__}"]
+    problems = []
+    if data.get("schema") != SCHEMA or isinstance(data.get("schema"), bool):
+        problems.append(f"schema must be {SCHEMA}, got {data.get('schema')!r}")
+    if not isinstance(data.get("machine"), str) or (slug and data["machine"] != slug):
+        problems.append(f"machine must be the file's slug {slug!r}, got "
+                        f"{data.get('machine')!r}")
+    skipped = data.get("skipped_settings")
+    if not isinstance(skipped, dict):
+        problems.append(f"skipped_settings must be an object, got {type(skipped).__name__}")
+        return problems
+    for label, reason in skipped.items():
+        if label not in isa_settings.ISA_ORDER:
+            problems.append(f"skipped_settings: {label!r} is none of "
+                            f"{', '.join(isa_settings.ISA_ORDER)}")
+        if not isinstance(reason, str) or not reason.strip():
+            problems.append(f"skipped_settings[{label!r}] must be a non-empty reason")
+    unknown = sorted(set(data) - {"schema", "machine", "skipped_settings"})
+    if unknown:
+        problems.append(f"unknown keys {', '.join(map(repr, unknown))}")
+    return problems

@@ -263,13 +263,6 @@ def test_use_backend_needs_both_tensors() -> None:
             pass
 
 
-def test_re_exported_from_native() -> None:
-    # Notebooks import these from convlab.aten.native.
-    for name in ("select_backend", "use_backend", "available_backends", "backend_name",
-                 "backend_memory_format", "CONV_BACKENDS", "BACKEND_CHOICES", "BackendMismatch"):
-        assert getattr(native, name) is getattr(backends, name)
-
-
 # --- bad arguments ----------------------------------------------------------------------------
 
 

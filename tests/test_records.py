@@ -183,6 +183,21 @@ def test_merge_keeps_sections_not_rerun():
     assert records.merge(None, new) is new
 
 
+def test_a_record_of_another_cpu_is_not_merged_into(tmp_path):
+    """Two CPUs behind one file name (a VM reporting "AMD EPYC" for an AVX2 and an AVX-512
+    part): the old sections must not travel under the new fingerprint."""
+    old = _record(suite={"a": 1}, roofline={"b": 2})
+    new = _record(suite={"a": 3})
+    new["fingerprint"]["isa_flags"] = [*old["fingerprint"]["isa_flags"], "avx512f"]
+    with pytest.raises(ValueError, match="another CPU"):
+        records.merge(old, new)
+    target = tmp_path / "amd-epyc-x2__avx2.json"
+    target.write_text(json.dumps(old))
+    path = records._write_merged(target, old, "", new)
+    assert path != target and json.loads(target.read_text()) == old
+    assert json.loads(path.read_text())["sections"] == {"suite": {"a": 3}}
+
+
 def test_attach_derived_puts_suite_paths_on_the_roofline():
     suite = {"method": {"threads": 2}, "layers": [{"layer": "dw", "times": {"mkldnn": {
         "backend": "Mkldnn", "flops": 100, "min_bytes": 50, "gflops": 10.0,

@@ -287,15 +287,27 @@ def merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     """``new`` plus the sections of ``old`` that ``new`` did not rerun (same machine and ISA).
 
     The load and fingerprint are the new run's; ``quick`` is true if any kept section was.
+    Raises ValueError when the two fingerprints name different CPUs (model, cores or ISA
+    flags): a file name holds the model as the CPU reports it, and a cloud VM may report
+    one name ("AMD EPYC") for CPUs of different generations.
     """
     if not old or old.get("schema") != record_schema.SCHEMA:
         return new
+    was, now = cpu_identity(old), cpu_identity(new)
+    if was != now:
+        raise ValueError(f"the old record was taken on another CPU ({was} vs {now})")
     merged = dict(new)
     merged["sections"] = {**old.get("sections", {}), **new["sections"]}
     merged["section_meta"] = {**old.get("section_meta", {}), **new.get("section_meta", {})}
     merged["quick"] = any(m.get("quick", old.get("quick", False))
                           for m in merged["section_meta"].values()) or new["quick"]
     return merged
+
+
+def cpu_identity(record: Mapping[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
+    """What tells two CPUs apart in a record: model name, logical cores, ISA flags."""
+    fp = record.get("fingerprint", {})
+    return fp.get("cpu_model"), fp.get("cores"), tuple(sorted(fp.get("isa_flags") or ()))
 
 
 def attach_derived(record: dict[str, Any]) -> dict[str, Any]:

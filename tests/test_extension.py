@@ -366,6 +366,38 @@ def test_slow_conv2d_backward_out_rejects_bad_input(ext) -> None:
         ext.slow_conv2d_backward_out(*bufs()[:2], None, go, x, w, k, s, p)
 
 
+@pytest.mark.parametrize("arg", ["grad_output", "input", "weight"])
+def test_slow_conv2d_backward_out_refuses_inputs_that_require_grad(ext, arg: str) -> None:
+    go, x, w, k, s, p = slow_case("plain")
+    tensors = {"grad_output": go, "input": x, "weight": w}
+    tensors[arg] = tensors[arg].clone().requires_grad_()
+    bufs = [torch.full((1,), 7.0, dtype=F64) for _ in range(3)]
+    with pytest.raises(ValueError, match=f"{arg} requires grad.*not differentiable"):
+        ext.slow_conv2d_backward_out(*bufs, *tensors.values(), k, s, p)
+    assert all(b.shape == (1,) and b.item() == 7.0 for b in bufs), "refused after work"
+    with torch.no_grad():
+        out = ext.slow_conv2d_backward_out(*bufs, *tensors.values(), k, s, p)
+    aten = torch.ops.aten._slow_conv2d_backward.output_mask(go, x, w, k, s, p, [True] * 3)
+    assert_grads(out, aten, [True] * 3, **EXACT)
+
+
+def test_raw_out_op_records_no_usable_derivative(ext) -> None:
+    """What the Python guard protects against: the raw out= op, like ATen's own, records a
+    node with no derivative, while the functional op records the real double backward."""
+    go, x, w, k, s, p = slow_case("plain")
+    x = x.clone().requires_grad_()
+    bufs = [torch.empty(0, dtype=F64) for _ in range(3)]
+    out = ext.ops.slow_conv2d_backward_out(*bufs, go, x, w, k, s, p)
+    assert type(out[0].grad_fn).__name__ == "NotImplemented"
+    aten_out = torch.ops.aten._slow_conv2d_backward.grad_input(
+        go, x, w, k, s, p, grad_input=torch.empty(0, dtype=F64),
+        grad_weight=torch.empty(0, dtype=F64), grad_bias=torch.empty(0, dtype=F64))
+    assert type(aten_out[0].grad_fn).__name__ == "NotImplemented"
+    functional = ext.ops.convolution_backward(go, x, w, [w.shape[0]], s, p, [1, 1], False,
+                                              [0, 0], 1, [True] * 3)
+    assert type(functional[1].grad_fn).__name__ == "ConvolutionBackwardBackward0"
+
+
 # --- loading: cache, stale lock, toolchain errors -------------------------------------------
 
 

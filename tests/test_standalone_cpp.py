@@ -104,6 +104,37 @@ def test_builds_without_cmake(program: Path, tmp_path: Path) -> None:
     assert out.stdout.count("vs convolution_backward: match") == 2
 
 
+def test_builds_without_deprecated_c10_aliases(program: Path, tmp_path: Path) -> None:
+    """With ``C10_NODEPRECATED`` c10's deprecated aliases (``c10::nullopt``, ...) are gone:
+    the program must not need them."""
+    if shutil.which("c++") is None:
+        pytest.skip("no c++ compiler on PATH")
+    exe = tmp_path / "conv_backward"
+    cmd = standalone.compile_command(exe, defines=("C10_NODEPRECATED",))
+    assert "-DC10_NODEPRECATED" in cmd
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+@pytest.mark.parametrize(("version", "std"), [("2.4.1", "c++17"), ("2.12.0+cpu", "c++17"),
+                                              ("2.13.0", "c++20"), ("2.15.0.dev20260101", "c++20"),
+                                              ("3.0.0", "c++20")])
+def test_cxx_standard_follows_the_torch_version(version: str, std: str) -> None:
+    assert standalone.cxx_standard(version) == std
+
+
+def test_installed_wheel_asks_for_the_standard_we_use() -> None:
+    """What the wheel's own CMake config sets on its torch target is what we compile with."""
+    config = Path(torch.utils.cmake_prefix_path) / "Torch" / "TorchConfig.cmake"
+    found = re.search(r"CXX_STANDARD (\d+)", config.read_text())
+    wanted = int(standalone.cxx_standard().removeprefix("c++"))
+    if found is None:  # older wheels set no standard on the target
+        assert wanted == 17
+    else:
+        assert int(found.group(1)) == wanted
+    assert f"-std={standalone.cxx_standard()}" in standalone.compile_command(Path("x"))
+
+
 def test_compat_step_on_the_installed_torch(program: Path, tmp_path: Path) -> None:
     """scripts/compat.py's C++ step, run with this interpreter on this checkout."""
     log = tmp_path / "log.txt"

@@ -119,6 +119,12 @@ class NativeExtension:
         shape may not be a view (:func:`convlab.aten.buffers.check_out_buffers`); do not share
         buffers between threads. No dilation or groups: this is ATen's THNN-style im2col
         kernel.
+
+        Not differentiable: like every ``out=`` op it has no derivative (ATen's own
+        ``_slow_conv2d_backward.grad_input`` records a ``NotImplemented`` node), so with
+        grad mode on a ``grad_output``, ``input`` or ``weight`` that requires grad is refused
+        (``ValueError``) before any work. Use :meth:`convolution_backward` for a
+        differentiable backward.
         Shapes: ``input`` ``[N, C_in, H, W]``, ``weight`` ``[C_out, C_in, kH, kW]``,
         ``grad_output`` ``[N, C_out, H_out, W_out]``. Returns the three buffers.
 
@@ -126,6 +132,7 @@ class NativeExtension:
         >>> ext.slow_conv2d_backward_out(gi, gw, gb, go, x, w, 3, 1, 1)  # doctest: +SKIP
         """
         p = ConvParams.for_tensors(input, weight, None, stride, padding)
+        check_no_grad({"grad_output": grad_output, "input": input, "weight": weight})
         if p.dim != 2:
             raise ValueError(
                 f"weight must be 4-d [C_out, C_in, kH, kW] for the slow 2-d path, "
@@ -154,6 +161,22 @@ class NativeExtension:
             grad_input, grad_weight, grad_bias, grad_output, input, weight,
             list(kernel), list(p.stride), list(p.padding),
         )
+
+
+def check_no_grad(tensors: dict[str, torch.Tensor]) -> None:
+    """``ValueError`` naming the first tensor that requires grad while grad mode is on.
+
+    Why: an ``out=`` op has no derivative; autograd would record a node that fails only
+    at ``backward()``, far from the call.
+    """
+    if not torch.is_grad_enabled():
+        return
+    for name, t in tensors.items():
+        if isinstance(t, torch.Tensor) and t.requires_grad:
+            raise ValueError(
+                f"{name} requires grad, but slow_conv2d_backward_out (an out= op) is not "
+                "differentiable: call it under torch.no_grad() or use convolution_backward"
+            )
 
 
 def load(verbose: bool = False) -> NativeExtension:

@@ -25,9 +25,25 @@ class CudaToolkitMissing(RuntimeError):
     """torch is a CUDA build, whose CMake config needs the CUDA toolkit, and none is found."""
 
 
-def compile_command(output: Path, source: Path = SOURCE / "main.cpp") -> list[str]:
+def cxx_standard(version: str = torch.__version__) -> str:
+    """The ``-std=`` value libtorch ``version`` needs: ``c++20`` from 2.13, else ``c++17``.
+
+    Why: 2.13's headers use C++20 features (its ``TorchConfig.cmake`` sets ``CXX_STANDARD
+    20`` and ``cpp_extension`` compiles with ``-std=c++20``); older releases build as C++17.
+
+    >>> cxx_standard("2.12.1+cpu"), cxx_standard("2.13.0")
+    ('c++17', 'c++20')
+    """
+    major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
+    return "c++20" if (major, minor) >= (2, 13) else "c++17"
+
+
+def compile_command(output: Path, source: Path = SOURCE / "main.cpp",
+                    defines: tuple[str, ...] = ()) -> list[str]:
     """The one ``c++`` command that compiles and links ``source`` without CMake.
 
+    ``defines`` are extra macros (``-D<name>``), e.g. ``("C10_NODEPRECATED",)`` to check
+    that no deprecated c10 alias is used. The C++ standard is :func:`cxx_standard`'s.
     Include and library folders come from the installed wheel
     (``torch.utils.cpp_extension``), the ABI macro from the value torch was built with
     (wheels before 2.7 use the old ABI, ``_GLIBCXX_USE_CXX11_ABI=0``), and ``-rpath`` lets
@@ -39,9 +55,10 @@ def compile_command(output: Path, source: Path = SOURCE / "main.cpp") -> list[st
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
     includes = [f"-I{p}" for p in cpp_extension.include_paths()]
     (libdir,) = cpp_extension.library_paths()
-    return ["c++", "-std=c++17", "-O1", f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *includes,
-            str(source), "-o", str(output), f"-L{libdir}", f"-Wl,-rpath,{libdir}",
-            "-ltorch", "-ltorch_cpu", "-lc10"]
+    macros = [f"-D{name}" for name in defines]
+    return ["c++", f"-std={cxx_standard()}", "-O1", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+            *macros, *includes, str(source), "-o", str(output), f"-L{libdir}",
+            f"-Wl,-rpath,{libdir}", "-ltorch", "-ltorch_cpu", "-lc10"]
 
 
 def build(source: Path = SOURCE, build_dir: Path = BUILD) -> Path:

@@ -7,8 +7,12 @@
 //      buffers.
 // Run with the argument "abort-demo" to make the empty-batch call that aborts,
 // or "out-limits" to print the errors of the out= calls' unsupported uses.
-// Builds against libtorch 2.0 and later: c10::nullopt (not c10::nullopt)
-// converts to at::OptionalIntArrayRef in every one of them.
+// Builds against libtorch 2.0 and later (C++17 up to 2.12, C++20 from 2.13:
+// CMakeLists.txt picks it). An absent bias_sizes is at::OptionalIntArrayRef{},
+// whose default constructor every version has: std::nullopt does not convert
+// to it on 2.0 and 2.1, and in 2.13 c10::nullopt is a deprecated alias of
+// std::nullopt (c10/util/Optional.h), gone under -DC10_NODEPRECATED. An absent
+// bias is an undefined at::Tensor.
 #include <ATen/Context.h>
 #include <ATen/TensorOperators.h>
 #include <ATen/core/Tensor.h>
@@ -22,10 +26,11 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
-#include <functional>
 #include <array>
+#include <functional>
 #include <cstdio>
 #include <exception>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -77,8 +82,9 @@ int main(int argc, char** argv) {
     auto x = at::randn({0, 3, 8, 8}, opts), w = at::randn({4, 3, 3, 3}, opts);
     auto go = at::randn({0, 4, 8, 8}, opts);
     try {
-      at::convolution_backward(go, x, w, c10::nullopt, stride, padding,
-                               dilation, false, output_padding, 1, mask);
+      at::convolution_backward(go, x, w, at::OptionalIntArrayRef{}, stride,
+                               padding, dilation, false, output_padding, 1,
+                               mask);
     } catch (const std::exception& err) {
       std::printf("caught: %s\n", err.what());
       return 1;
@@ -117,7 +123,7 @@ int main(int argc, char** argv) {
     });
     return 0;
   }
-  auto y = at::convolution(x, w, c10::nullopt, stride, padding, dilation, false,
+  auto y = at::convolution(x, w, at::Tensor{}, stride, padding, dilation, false,
                            output_padding, 1);
   auto go = at::randn(y.sizes(), opts);
   const std::array<int64_t, 1> bias_sizes{4};

@@ -221,7 +221,7 @@ CLI_FAST = ["--rounds", "1", "--min-run-time", "0.001", "--threads", "1", "--no-
 
 def test_cli_writes_results_prints_spreads_and_ratios(tmp_path, capsys) -> None:
     out = tmp_path / "res"
-    code = cli.bench_main(["--layers", "conv1d", "--paths", "native,reference", "--passes",
+    code = cli.main(["bench", "--layers", "conv1d", "--paths", "native,reference", "--passes",
                        "backward", *CLI_FAST, "--out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
@@ -257,7 +257,7 @@ def test_cli_unwritable_out_fails_before_running(tmp_path, capsys, monkeypatch) 
     blocker = tmp_path / "file"
     blocker.write_text("")
     monkeypatch.setattr(bench, "benchmark", lambda *a, **k: pytest.fail("ran anyway"))
-    assert cli.bench_main(["--layers", "conv1d", "--out", str(blocker / "sub")]) == 2
+    assert cli.main(["bench", "--layers", "conv1d", "--out", str(blocker / "sub")]) == 2
     assert "out: cannot write to" in capsys.readouterr().err
 
 
@@ -273,7 +273,7 @@ def test_cli_ctrl_c_keeps_finished_layers(tmp_path, capsys, monkeypatch) -> None
 
     monkeypatch.setattr(bench, "_bench_layer", interrupt_second)
     out = tmp_path / "res"
-    code = cli.bench_main(["--layers", "conv1d,cifar5", "--paths", "reference", "--passes",
+    code = cli.main(["bench", "--layers", "conv1d,cifar5", "--paths", "reference", "--passes",
                        "backward", *CLI_FAST, "--out", str(out)])
     assert code == cli.INTERRUPTED == 130
     assert "interrupted: wrote the 1 results" in capsys.readouterr().out
@@ -282,7 +282,7 @@ def test_cli_ctrl_c_keeps_finished_layers(tmp_path, capsys, monkeypatch) -> None
 
 
 def test_cli_list(capsys) -> None:
-    assert cli.bench_main(["--list"]) == 0
+    assert cli.main(["bench", "--list"]) == 0
     names = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
     assert names == [layer.name for layer in paths.SUITE]
 
@@ -319,6 +319,6 @@ def test_cli_quick_defaults(tmp_path, monkeypatch) -> None:
         return report
 
     monkeypatch.setattr(bench, "benchmark", fake)
-    assert cli.bench_main(["--quick", "--out", str(tmp_path)]) == 0
+    assert cli.main(["bench", "--quick", "--out", str(tmp_path)]) == 0
     assert seen == {"layers": list(paths.QUICK_LAYERS), "passes": ["backward",
                     "forward_backward"], "rounds": 7, "min_run_time": 0.1, "memory": False}

@@ -182,12 +182,6 @@ def test_bench_out_dot_is_the_current_folder_when_asked(monkeypatch, tmp_path) -
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bench.csv", "bench.json"]
 
 
-def test_bench_main_stays_importable() -> None:
-    from convlab.cli import bench_main
-
-    assert callable(bench_main)
-
-
 def test_importing_the_dispatcher_loads_no_command() -> None:
     code = ("import sys, convlab.cli; "
             "print(sorted(m for m in sys.modules if m.startswith('convlab.')))")

@@ -58,10 +58,3 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:  # bench keeps its finished layers itself; others just stop
         print(f"convlab {name}: interrupted", file=sys.stderr)
         return INTERRUPTED
-
-
-def bench_main(argv: Sequence[str] | None = None) -> int:
-    """``convlab bench`` (kept here for callers of ``convlab.cli.bench_main``)."""
-    from convlab.cli.bench import main as bench
-
-    return bench(argv)

@@ -90,9 +90,9 @@ class Record:
 
     @property
     def mkl_capped(self) -> bool | None:
-        """Whether this setting capped MKL too: True where MKL's announced path changed
-        under ``MKL_ENABLE_INSTRUCTIONS``, False where it did not or the record's run did
-        not set it, None where there is no MKL."""
+        """True where this setting capped MKL too (MKL's announced path changed under
+        ``MKL_ENABLE_INSTRUCTIONS``); False where it did not or the record's run did not
+        set the variable; None where there is no MKL."""
         if "MKL_ENABLE_INSTRUCTIONS" not in self.env:
             return False
         return None if self.mkl_cap is None else self.mkl_cap.get("changed")

@@ -17,6 +17,6 @@ def facts() -> dict[str, Any]:
     """What the checks compare across ISA caps, measured in this process: MKL's announced
     path, the bf16/fp16 backends, oneDNN's implementations and blocks, digests of seeded
     gradients, the per-sample routes' peak memory and MKL's 1-thread GEMM rate."""
-    return {"mkl": machine._mkl_probe_here(), "half": routing.half_backends(),
+    return {"mkl": machine.mkl_probe(), "half": routing.half_backends(),
             "onednn": onednn.implementations(), "digests": bits.digests(),
             "memory": memory.per_sample_peaks(), "mkl_gflops": perf.mkl_gflops()}

@@ -33,22 +33,12 @@ def _compare(routes: tuple[str, ...]) -> Outcome:
     return verdict(same, f"peak MiB here vs SSE4.1 cap: {text}", here=here, sse41=low)
 
 
-def check_memory_independent_of_isa() -> Outcome:
-    """Both per-sample routes allocate the same peak here and under the SSE4.1 cap."""
-    return _compare(("grouped", "im2col"))
-
-
 def check_im2col_memory_independent_of_isa() -> Outcome:
     """The im2col route allocates the same peak here and under the SSE4.1 cap."""
     return _compare(("im2col",))
 
 
 CLAIMS: tuple[Claim, ...] = (
-    Claim("ch9_memory_independent_of_isa", 9,
-          "Memory does not depend on the ISA: im2col holds the columns, the grouped "
-          "route does not.",
-          "oneDNN's reorder buffers follow its implementation (and so the ISA)",
-          check_memory_independent_of_isa),
     Claim("ch9_im2col_memory_independent_of_isa", 9,
           "The im2col route's memory does not depend on the ISA.",
           "ATen's im2col and the BLAS allocate through torch whatever the ISA",

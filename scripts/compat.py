@@ -81,7 +81,11 @@ def copy_repository(dest: Path) -> None:
                            check=True).stdout.split(b"\0")
     for name in filter(None, files):
         src = ROOT / name.decode()
-        if src.is_file():
+        if src.is_symlink():  # e.g. convlab/lab/data/records -> book/data/records
+            target = dest / name.decode()
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.symlink_to(os.readlink(src))
+        elif src.is_file():
             target = dest / name.decode()
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)

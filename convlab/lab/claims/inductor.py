@@ -70,8 +70,12 @@ def check_triton_conv_bwd_rocm_only() -> Outcome:
         return cannot(f"{', '.join(set_here)} set in this environment: not the defaults")
     from torch._inductor import config
 
-    found = {"weight": config.max_autotune_conv_bwd_weight_backends,
-             "input": config.max_autotune_conv_bwd_input_backends}
+    names = {"weight": "max_autotune_conv_bwd_weight_backends",
+             "input": "max_autotune_conv_bwd_input_backends"}
+    missing = [n for n in names.values() if not hasattr(config, n)]
+    if missing:  # the knobs are newer than torch 2.11
+        return cannot(f"this torch's Inductor has no {', '.join(missing)}")
+    found = {k: getattr(config, n) for k, n in names.items()}
     rocm = bool(torch.version.hip)
     ok = all(("TRITON" in v) == rocm for v in found.values())
     return verdict(ok, f"{'ROCm' if rocm else 'non-ROCm'} build: backward weight "

@@ -1,11 +1,15 @@
-"""Shared by test_backends and test_native: convolution cases, one or more per CPU backend,
-and a snapshot of the process-wide backend flags (no test may leave them changed).
+"""Shared by test_backends, test_native and the selection tests: convolution cases, one
+or more per CPU backend, a snapshot of the process-wide backend flags (no test may leave
+them changed) and a block that sets the flags selection reads.
 
 Each row: (expected backend, input shape, weight shape, options for :func:`make_case`,
 forced backend name or None).
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -21,6 +25,22 @@ def flags_now() -> tuple:
         torch.backends.cudnn.deterministic,
         torch.backends.cudnn.benchmark,
     )
+
+
+@contextmanager
+def backend_flags(mkldnn: bool, nnpack: bool, threads: int) -> Iterator[None]:
+    """The oneDNN and NNPACK flags and the thread count set for a block, restored after."""
+    old = (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled(),
+           torch.get_num_threads())
+    torch._C._set_mkldnn_enabled(mkldnn)
+    torch._C._set_nnpack_enabled(nnpack)
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(old[0])
+        torch._C._set_nnpack_enabled(old[1])
+        torch.set_num_threads(old[2])
 
 
 def make_case(shape_x, shape_w, dtype=F64, transposed=False, stride=1, padding=0, dilation=1,

@@ -8,11 +8,11 @@ transposed, dilation, channels_last, batch sizes around the thresholds (N = 0, 1
 from __future__ import annotations
 
 import random
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pytest
 import torch
+from backend_cases import backend_flags
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -83,19 +83,9 @@ def tensors(case: Case):
     return x, w, b
 
 
-@contextmanager
 def flags(case: Case):
-    old = (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled(),
-           torch.get_num_threads())
-    torch._C._set_mkldnn_enabled(case.mkldnn)
-    torch._C._set_nnpack_enabled(case.nnpack)
-    torch.set_num_threads(case.threads)
-    try:
-        yield
-    finally:
-        torch._C._set_mkldnn_enabled(old[0])
-        torch._C._set_nnpack_enabled(old[1])
-        torch.set_num_threads(old[2])
+    """The flags of ``case`` for a block (restored after)."""
+    return backend_flags(case.mkldnn, case.nnpack, case.threads)
 
 
 def compare(case: Case) -> tuple[str, str] | None:

@@ -11,10 +11,9 @@ transposed; the mirror and ATen agree, or both raise.
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import pytest
 import torch
+from backend_cases import backend_flags
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -23,21 +22,6 @@ from convlab.aten.backends import backend_name
 from convlab.aten.conv_query import ConvQuery
 
 LAYOUTS = ("contiguous", "channels_last", "mkldnn")
-
-
-@contextmanager
-def backend_flags(mkldnn: bool, nnpack: bool, threads: int):
-    old = (torch._C._get_mkldnn_enabled(), torch._C._get_nnpack_enabled(),
-           torch.get_num_threads())
-    torch._C._set_mkldnn_enabled(mkldnn)
-    torch._C._set_nnpack_enabled(nnpack)
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch._C._set_mkldnn_enabled(old[0])
-        torch._C._set_nnpack_enabled(old[1])
-        torch.set_num_threads(old[2])
 
 
 def _tensor(shape: list[int], layout: str) -> torch.Tensor:

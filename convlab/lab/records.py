@@ -101,7 +101,8 @@ class Record:
     def machine(self) -> str:
         """The machine slug (the file name's first part)."""
         return machine.machine_slug(str(self.fingerprint.get("cpu_model")),
-                                    int(self.fingerprint.get("cores") or 0))
+                                    int(self.fingerprint.get("cores") or 0),
+                                    self.fingerprint.get("caches") or {})
 
     @property
     def isa_name(self) -> str:
@@ -304,10 +305,12 @@ def merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def cpu_identity(record: Mapping[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
-    """What tells two CPUs apart in a record: model name, logical cores, ISA flags."""
+def cpu_identity(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What tells two CPUs apart in a record: model name, logical cores, ISA flags and the
+    last-level cache (None in records written before fingerprints held caches)."""
     fp = record.get("fingerprint", {})
-    return fp.get("cpu_model"), fp.get("cores"), tuple(sorted(fp.get("isa_flags") or ()))
+    return (fp.get("cpu_model"), fp.get("cores"), tuple(sorted(fp.get("isa_flags") or ())),
+            machine.last_level_cache(fp.get("caches") or {}))
 
 
 def attach_derived(record: dict[str, Any]) -> dict[str, Any]:

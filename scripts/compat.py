@@ -150,7 +150,8 @@ def colab_rehearsal(py: Path, env: dict[str, str], work: Path, log: Path) -> str
                    for o in cell.get("outputs", [])]
         text = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get(
             "text/plain", "")) for o in outputs)
-        drawn = sum("image/png" in o.get("data", {}) for o in outputs)
+        drawn = sum(bool({"image/svg+xml", "image/png"} & set(o.get("data", {})))
+                    for o in outputs)
         if "No records" in text or "no records" in text:
             return f"FAILED: {stem} found no records"
         if not drawn:

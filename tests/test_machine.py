@@ -261,3 +261,26 @@ def test_cache_sizes_from_sysfs(tmp_path, caches, sizes, llc):
     assert machine.cache_sizes(root) == sizes
     assert machine.last_level_cache(machine.cache_sizes(root)) == llc
     assert machine.cache_sizes(tmp_path / "missing") == {}
+
+
+def _rec(model: str, caches: dict | None = None, isa: str = "avx2") -> records.Record:
+    fp = {"cpu_model": model, "cores": 2, **({"caches": caches} if caches else {})}
+    return records.Record(path=records.RECORDS_DIR / "x.json", isa=isa, env={}, created="",
+                          quick=False, load={}, fingerprint=fp, sections={})
+
+
+def test_two_hosts_of_one_model_get_two_short_names():
+    """Without the cache in the name, their rows would merge in the chapters' tables."""
+    amd = _rec("AMD EPYC")
+    old = _rec("Intel(R) Xeon(R) Processor")
+    new = _rec("Intel(R) Xeon(R) Processor", {"L2": 2**21, "L3": 480 * 2**20}, "amx")
+    assert new.label == "Intel Xeon x2 (L3 480 MiB), AMX"
+    assert old.label == "Intel Xeon x2, AVX2"
+    assert records.short_machine_names([amd, old, new, old]) == {
+        "AMD EPYC x2": "AMD", "Intel Xeon x2": "Intel",
+        "Intel Xeon x2 (L3 480 MiB)": "Intel (L3 480 MiB)"}
+    # two hosts no short form tells apart keep their whole names
+    other = _rec("Intel(R) Core(TM) i7", {"L3": 480 * 2**20})
+    assert records.short_machine_names([new, other]) == {
+        "Intel Xeon x2 (L3 480 MiB)": "Intel Xeon x2 (L3 480 MiB)",
+        "Intel Core i7 x2 (L3 480 MiB)": "Intel Core i7 x2 (L3 480 MiB)"}

@@ -88,15 +88,23 @@ def cache_sizes(root: str | os.PathLike[str] = CACHE_ROOT) -> dict[str, int]:
     return found
 
 
-def last_level_cache(caches: Mapping[str, int]) -> int | None:
-    """Bytes of the highest-level data or unified cache (None: none known).
+def last_level(caches: Mapping[str, int]) -> tuple[str, int] | None:
+    """The highest-level data or unified cache: its level name and bytes (None: none known).
 
-    >>> caches = {"L1d": 2**15, "L1i": 2**15, "L2": 2**20, "L3": 2**25}
-    >>> last_level_cache(caches) == 2**25
+    >>> last_level({"L1d": 2**15, "L1i": 2**15, "L2": 2**20, "L3": 2**25}) == ("L3", 2**25)
     True
     """
     data = {k: v for k, v in caches.items() if not k.endswith("i")}
-    return data[max(data, key=lambda k: int(k[1:].rstrip("d")))] if data else None
+    if not data:
+        return None
+    key = max(data, key=lambda k: int(k[1:].rstrip("d")))
+    return key.rstrip("d"), data[key]
+
+
+def last_level_cache(caches: Mapping[str, int]) -> int | None:
+    """Bytes of the highest-level data or unified cache (None: none known)."""
+    found = last_level(caches)
+    return found[1] if found else None
 
 
 def memory_available() -> int | None:
@@ -129,11 +137,9 @@ def machine_slug(model: str | None = None, cores: int | None = None,
     caches = cache_sizes() if caches is None else caches
     slug = re.sub(r"[^a-z0-9]+", "-", re.sub(r"\((r|tm)\)", "", model.lower())).strip("-")
     slug = f"{slug or 'cpu'}-x{cores}"
-    llc = last_level_cache(caches)
-    if llc:
-        level = max((k for k in caches if not k.endswith("i")),
-                    key=lambda k: int(k[1:].rstrip("d")))
-        slug += f"-{level.rstrip('d').lower()}-{max(1, round(llc / 2**20))}m"
+    found = last_level(caches)
+    if found:
+        slug += f"-{found[0].lower()}-{max(1, round(found[1] / 2**20))}m"
     return slug
 
 

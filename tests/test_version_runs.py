@@ -61,12 +61,13 @@ def test_short_result(line, cell):
     assert version_runs.short_result(line) == cell
 
 
-def test_table_has_a_column_per_version_and_the_installed_one():
-    runs = {"2.9.1": RUN, "2.13.0": {**RUN, "results": {"bug": "bug present: False"}}}
-    header, rows = version_runs.table(["bug", "old"], runs, {"bug": "bug present: True"})
-    assert header == ["", "2.9.1", "2.13.0", "installed"]
-    assert rows == [["bug", "present", "absent", "present"],
-                    ["old", "AttributeError", "-", "-"]]
+def test_spans_group_consecutive_versions_with_one_result():
+    runs = {v: {**RUN, "results": {"bug": f"bug present: {v != '2.11.0'}"}}
+            for v in ("2.4.1", "2.9.1", "2.11.0", "2.13.0")}
+    rows = version_runs.spans(["bug", "old"], runs, {"bug": "bug present: True"})
+    assert rows == [["bug", "present", "2.4.1-2.9.1, 2.13.0, installed"],
+                    ["bug", "absent", "2.11.0"]]
+    assert version_runs.spans(["bug"], {}, None) == []
 
 
 def test_the_committed_file_is_valid_and_names_known_repros():

@@ -97,17 +97,39 @@ def short_result(line: str) -> str:
     return "works" if line == "ran without error" else line
 
 
-def table(names: list[str], runs: Mapping[str, Mapping[str, Any]],
-          installed: Mapping[str, str] | None = None) -> tuple[list[str], list[list[str]]]:
-    """Header and rows: one row per name, one column per stored torch version (and the
-    installed torch's live results, ``installed``, as the last column when given)."""
+def spans(names: list[str], runs: Mapping[str, Mapping[str, Any]],
+          installed: Mapping[str, str] | None = None) -> list[list[str]]:
+    """Rows ``[name, result, versions]``: for each name, each distinct short result with
+    the stored versions that gave it (``2.4.1-2.11.0`` for a run of consecutive stored
+    versions) and ``installed`` for the live result of the running torch. A table this
+    narrow fits a phone however many versions are stored."""
     versions = list(runs)
-    header = ["", *versions, *(["installed"] if installed is not None else [])]
     rows = []
     for name in names:
-        row = [name] + [short_result(runs[v]["results"].get(name, "-"))
-                        if name in runs[v]["results"] else "-" for v in versions]
-        if installed is not None:
-            row.append(short_result(installed.get(name, "-")))
-        rows.append(row)
-    return header, rows
+        seen: dict[str, list[str]] = {}
+        for v in versions:
+            if name in runs[v]["results"]:
+                seen.setdefault(short_result(runs[v]["results"][name]), []).append(v)
+        if installed is not None and name in installed:
+            seen.setdefault(short_result(installed[name]), []).append("installed")
+        for result, where in seen.items():
+            rows.append([name, result, _ranges(where, versions)])
+    return rows
+
+
+def _ranges(where: list[str], versions: list[str]) -> str:
+    """``['2.4.1', '2.9.1', '2.13.0', 'installed']`` of stored ``versions`` as runs of
+    consecutive stored versions: ``2.4.1-2.9.1, 2.13.0, installed``."""
+    parts, run = [], []
+    for v in where:
+        if v != "installed" and run and versions.index(v) == versions.index(run[-1]) + 1:
+            run.append(v)
+            continue
+        if run:
+            parts.append(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [v] if v != "installed" else []
+        if v == "installed":
+            parts.append(v)
+    if run:
+        parts.append(run[0] if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ", ".join(parts)

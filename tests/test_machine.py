@@ -12,7 +12,7 @@ import pytest
 import torch
 from fixtures.cpu_fixtures import INTEL, fixture_run, intel_fixture, json_fixture, setting
 
-from convlab.lab import isa_settings, machine, record_schema, records
+from convlab.lab import isa_settings, machine, notebook, record_schema, records
 
 OFFERED = {
     "intel": ["amx", "avx512_fp16", "avx512_bf16", "avx512", "avx2", "sse41"],
@@ -276,11 +276,11 @@ def test_two_hosts_of_one_model_get_two_short_names():
     new = _rec("Intel(R) Xeon(R) Processor", {"L2": 2**21, "L3": 480 * 2**20}, "amx")
     assert new.label == "Intel Xeon x2 (L3 480 MiB), AMX"
     assert old.label == "Intel Xeon x2, AVX2"
-    assert records.short_machine_names([amd, old, new, old]) == {
+    assert notebook.short_machine_names([amd, old, new, old]) == {
         "AMD EPYC x2": "AMD", "Intel Xeon x2": "Intel",
         "Intel Xeon x2 (L3 480 MiB)": "Intel (L3 480 MiB)"}
     # two hosts no short form tells apart keep their whole names
     other = _rec("Intel(R) Core(TM) i7", {"L3": 480 * 2**20})
-    assert records.short_machine_names([new, other]) == {
+    assert notebook.short_machine_names([new, other]) == {
         "Intel Xeon x2 (L3 480 MiB)": "Intel Xeon x2 (L3 480 MiB)",
         "Intel Core i7 x2 (L3 480 MiB)": "Intel Core i7 x2 (L3 480 MiB)"}

@@ -31,10 +31,7 @@ to take effect) is not measured; the runner writes why into that machine's manif
 
 so a record set says why a setting is absent (:func:`load_manifests`).
 
-The chapters read them with :func:`load_records`.
-
->>> [r.label for r in load_records()]                     # doctest: +SKIP
-['AMD EPYC x2, AVX2', 'AMD EPYC x2, SSE4.1']
+The chapters read them with :func:`load_records` (``r.label``: ``AMD EPYC x2, AVX2``).
 """
 
 from __future__ import annotations
@@ -111,8 +108,7 @@ class Record:
 
     @property
     def machine_name(self) -> str:
-        """The machine as the text writes it, e.g. ``AMD EPYC x2`` or, where the record
-        knows its caches, ``Intel Xeon x2 (L3 480 MiB)``."""
+        """E.g. ``AMD EPYC x2``; ``Intel Xeon x2 (L3 480 MiB)`` where caches are known."""
         model = machine.short_model(str(self.fingerprint.get("cpu_model")))
         name = f"{model} x{self.fingerprint.get('cores')}"
         found = machine.last_level(self.fingerprint.get("caches") or {})
@@ -167,26 +163,6 @@ def load_records(directory: str | os.PathLike[str] | None = None) -> list[Record
     records = [read_record(p) for p in sorted(folder.glob("*.json"))
                if not p.name.endswith(record_schema.MANIFEST_SUFFIX)]
     return sorted(records, key=lambda r: (r.machine, _isa_rank(r.isa), r.path.name))
-
-
-def short_machine_names(recs: Sequence[Record]) -> dict[str, str]:
-    """``{machine_name: shortest unique name}`` for table cells: the vendor alone where it
-    has one machine (``AMD``), the vendor and the cache where that tells two apart
-    (``Intel (L3 480 MiB)``), else the whole name.
-
-    The cache is the part of a name that tells two hosts of one reported model apart.
-    """
-    names = list(dict.fromkeys(r.machine_name for r in recs))
-
-    def shorter(name: str) -> str:
-        vendor, _, rest = name.partition(" ")
-        paren = rest[rest.index("("):] if "(" in rest else ""
-        return f"{vendor} {paren}".strip()
-
-    short = {n: shorter(n) for n in names}
-    if len(set(short.values())) == len(short):
-        return short
-    return {n: n for n in names}
 
 
 def manifest_path(slug: str, directory: str | os.PathLike[str] | None = None) -> Path:

@@ -746,17 +746,23 @@ def landing_structure(tab: object) -> dict:
       const third = questions[2] ? questions[2][0].closest('section') : null;
       const q3Code = third ? [...third.querySelectorAll('div.highlight')].some(
         d => d.querySelector('button.copybtn')) : false;
+      // The opening: who the book is for and what to know first, as paragraphs.
+      const opening = ['who it is for', 'what to know first'].map(words =>
+        blocks.findIndex(b => b.tagName === 'P'
+          && b.innerText.trim().toLowerCase().startsWith(words)));
       const start = [...art.querySelectorAll('a')].filter(a =>
         /start with chapter 1/i.test((a.closest('p, li, div') || a).innerText));
-      return {answers, anchored, answeredFirst, q3Code, lists, firstTable,
+      return {answers, anchored, answeredFirst, q3Code, lists, firstTable, opening,
               start: start.map(a => a.href), n: blocks.length};
     }"""
     )
 
 
 def test_landing_page_starts_with_answers_then_chapters(site: str, browser: object) -> None:
-    """The three questions first (headings in the page contents, a bold one-sentence answer
-    each, a code block for the third), a numbered chapter list, "start with chapter 1"."""
+    """A newcomer's opening first: who the book is for, what to know first, the three
+    questions answered in short (one list item each, linking to its detailed answer) and
+    the numbered chapter list, "start with chapter 1". Then the detailed answers: headings
+    in the page contents, a bold one-sentence answer each, a code block for the third."""
     context = new_context(browser, WIDE)
     try:
         result = Visit(pages()[0], WIDE)
@@ -785,7 +791,25 @@ def test_landing_page_starts_with_answers_then_chapters(site: str, browser: obje
     assert d["q3Code"], "question 3's section has no code block"
     assert chapter_lists, f"no numbered list linking the {len(entries)} chapters in order"
     first_list = chapter_lists[0]
-    assert d["answers"][2] < first_list["index"], "the chapter list comes before the answers"
+    assert 0 <= d["opening"][0] < d["opening"][1] < first_list["index"], (
+        f"no 'Who it is for' then 'What to know first' paragraph before the chapters: "
+        f"{d['opening']}"
+    )
+    anchors = [urlsplit(h).fragment for ol in d["lists"] for item in ol["items"] for h in item]
+    questions = ["q-which-functions", "q-why-no-single", "q-how-to-call"]
+    short = [
+        ol for ol in d["lists"]
+        if len(ol["items"]) == 3 and ol["index"] < first_list["index"]
+        and all(any(urlsplit(h).fragment == q for h in item)
+                for item, q in zip(ol["items"], questions, strict=True))
+    ]
+    assert short, (
+        f"no 3-item list of short answers linking {questions} before the chapter list "
+        f"(list links: {sorted(set(anchors))})"
+    )
+    assert first_list["index"] < d["answers"][0], (
+        "the chapter list does not come before the detailed answers"
+    )
     assert d["firstTable"] < 0 or d["firstTable"] > first_list["index"], (
         "a table comes before the chapter list"
     )

@@ -79,6 +79,8 @@ HAND_NUMBER = re.compile(r"^\s*(chapter\s+)?\d+\s*[.:)\-–]\s", re.I)
 # chapters: 0.3 MB of highlighted code and outputs in chapter 6). Before this budget, pages
 # loaded 3.6-4 MB; with the SVG figures and captioned tables they weigh 2.48-2.60 MB.
 MAX_PAGE_BYTES = 2_700_000
+# On a phone a table column narrower than this is a sliver (a few letters a line).
+MIN_COLUMN_PX = 60
 # jupyter-book writes a root index.html that only redirects to the landing page.
 REDIRECT = re.compile(r'<meta[^>]+http-equiv="refresh"[^>]+url=([^"]+)"', re.I)
 
@@ -281,10 +283,22 @@ async () => {
     }
     svgFigures.push(entry);
   }
+  // Tables: the narrowest body cell (a column squeezed to a sliver) and how far the table
+  // is wider than its box (the part a reader must scroll to); book.js stacks such tables
+  // on a phone (`stacked`: one card per row, every cell full width).
   const tables = [...(article ? article.querySelectorAll('table') : [])]
     .filter(t => t.checkVisibility() && !t.closest('.sig, dl.field-list'))
-    .map(t => ({where: label(t), caption: (t.querySelector('caption') || {innerText: ''})
-      .innerText.trim()}));
+    .map(t => {
+      const box = t.closest('div.pst-scrollable-table-container, .table-wrapper')
+        || t.parentElement;
+      const widths = [...t.tBodies].flatMap(b => [...b.rows]).flatMap(r => [...r.cells])
+        .filter(c => c.colSpan === 1 && c.checkVisibility())
+        .map(c => c.getBoundingClientRect().width);
+      return {where: label(t), caption: (t.querySelector('caption') || {innerText: ''})
+        .innerText.trim(), stacked: t.classList.contains('stacked'),
+        narrowest: widths.length ? Math.round(Math.min(...widths)) : null,
+        hidden: Math.round(t.getBoundingClientRect().width - box.clientWidth)};
+    });
   const math = [...document.querySelectorAll('.math')];
   const resources = performance.getEntriesByType('resource').map(r => r.name);
   return {
@@ -961,6 +975,26 @@ def test_chapter_tables_have_captions(visits: dict) -> None:
         for t in visits[f"{entry}.html", WIDE].data["tables"]
         if not re.match(r"Table \d+\s*\S", t["caption"])
     ]
+    assert not problems, report(problems)
+
+
+def test_phone_tables_keep_every_column_readable(visits: dict) -> None:
+    """At 390 px every table shows all its columns without scrolling: each column at
+    least MIN_COLUMN_PX wide, or the table stacked (one card per row), and no table wider
+    than its box. Before, the landing page's "Backward kernel and file" column was a
+    sliver and Tables 3.1/3.3 hid their last column off-screen."""
+    problems = []
+    for v in at(visits, PHONE):
+        for t in v.data["tables"]:
+            name = t["caption"][:40] or t["where"]
+            if t["hidden"] > 1:
+                problems.append(f"{v.page}: {name}: {t['hidden']} px off-screen")
+            if not t["stacked"] and t["narrowest"] is not None and (
+                t["narrowest"] < MIN_COLUMN_PX
+            ):
+                problems.append(f"{v.page}: {name}: a column {t['narrowest']} px wide")
+    tables = sum(len(v.data["tables"]) for v in at(visits, PHONE))
+    assert tables, "no table on any page: the check saw nothing"
     assert not problems, report(problems)
 
 

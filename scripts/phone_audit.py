@@ -16,6 +16,7 @@ import argparse
 import functools
 import http.server
 import json
+import re
 import sys
 import threading
 from pathlib import Path
@@ -24,6 +25,8 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 PHONE = {"width": 390, "height": 844}
 NOT_PAGES = {"_static", "_sources", "_images", "_sphinx_design_static"}
+# A page that only redirects (jupyter-book's root index.html).
+REDIRECT = re.compile(r'<meta[^>]+http-equiv="refresh"', re.I)
 MEASURE_JS = """
 (hidden) => {
   const article = document.querySelector('.bd-article');
@@ -60,7 +63,7 @@ def pages(html: Path) -> list[str]:
     found = []
     for path in sorted(html.rglob("*.html")):
         rel = path.relative_to(html)
-        if NOT_PAGES & set(rel.parts) or 'http-equiv="refresh"' in path.read_text()[:2000]:
+        if NOT_PAGES & set(rel.parts) or REDIRECT.search(path.read_text(errors="replace")):
             continue
         found.append(rel.as_posix())
     return found
@@ -97,6 +100,8 @@ def audit(html: Path, hidden: float) -> dict[str, dict]:
             tab = context.new_page()
             for page in pages(html):
                 tab.goto(base + page, wait_until="load")
+                if tab.url != base + page:
+                    continue
                 tab.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
                 found = tab.evaluate(MEASURE_JS, hidden)
                 if found is not None:

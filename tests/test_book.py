@@ -28,6 +28,7 @@ NOTEBOOKS = sorted(
 NON_PORTABLE = re.compile(r"(site-packages|/\.venv/|/root/|/home/\w+|/tmp/|/work/)")
 # Notebook conventions: the summary box, the code width, the nbval tag, API links.
 SUMMARY_BOX = "```{admonition} What we saw"
+SUMMARY_HEADING = "## Summary"
 MAX_CODE_LINE = 80
 IGNORE_OUTPUT_TAG = "nbval-ignore-output"
 HAND_NUMBER = re.compile(r"^\s*(chapter\s+)?\d+\s*[.:)\-–]\s", re.I)
@@ -112,12 +113,13 @@ def test_notebook_uses_the_shared_setup(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_chapter_ends_with_a_what_we_saw_box(path: Path) -> None:
+def test_summary_section_holds_the_what_we_saw_box(path: Path) -> None:
+    """The chapter's ``## Summary`` cell is its "What we saw" box (exercises follow it)."""
     nb = nbformat.read(path, as_version=4)
-    last_md = [c for c in nb.cells if c.cell_type == "markdown"][-1].source
-    assert last_md.lstrip().startswith(SUMMARY_BOX), (
-        f"the last markdown cell must start with {SUMMARY_BOX!r}, found {last_md[:60]!r}"
-    )
+    summaries = [c.source for c in nb.cells
+                 if c.cell_type == "markdown" and SUMMARY_HEADING in c.source.splitlines()]
+    assert len(summaries) == 1, f"want one {SUMMARY_HEADING!r} cell, found {len(summaries)}"
+    assert SUMMARY_BOX in summaries[0], f"the summary cell must hold {SUMMARY_BOX!r}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

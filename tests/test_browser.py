@@ -1192,10 +1192,10 @@ def test_phone_drawers_close_after_tapping_an_entry(site: str, browser: object) 
 
 def search_results(tab: object, site: str, query: str) -> list[str]:
     tab.goto(f"{site}search.html?q={query}", wait_until="load")
+    # Sphinx shows results one by one, then "Search finished, found N pages ...".
     tab.wait_for_function(
-        "() => { const s = document.querySelector('#search-results');"
-        " return s && (s.querySelectorAll('li').length > 0 || /found|did not match/i"
-        ".test(s.innerText)); }",
+        "() => { const s = document.querySelector('#search-results .search-summary');"
+        " return s && /found|did not match/i.test(s.innerText); }",
         timeout=20_000,
     )
     return tab.evaluate(

@@ -127,6 +127,10 @@
     fold();
     markAll();
     window.addEventListener("resize", markAll);
+    // Printing a page: folded content prints open (book.css hides the toggles in print).
+    window.addEventListener("beforeprint", () => {
+      document.querySelectorAll(".bd-article details").forEach((d) => { d.open = true; });
+    });
   };
   // MathJax loads and typesets after the page: mark its equations once it is done.
   const afterMath = (tries) => {

@@ -260,7 +260,9 @@ async () => {
     .map(e => {
       const hidden = e.scrollWidth - e.clientWidth;
       const scrolls = ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
-      const out = e.getBoundingClientRect().right - articleRight;
+      // In a table that scrolls in its box, the math scrolls with it.
+      const inBox = e.parentElement.closest('div.pst-scrollable-table-container, .table-wrapper');
+      const out = inBox ? 0 : e.getBoundingClientRect().right - articleRight;
       const jax = e.querySelector('mjx-container');
       const tex = (texOf.get(jax) || e.textContent || '').trim().replace(/\\s+/g, ' ');
       return {hidden, scrolls, out, text: `${label(e)} ${tex.slice(0, 60)}`};

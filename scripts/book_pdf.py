@@ -58,7 +58,7 @@ PREPARE_JS = """
     const note = document.createElement('section');
     note.id = 'api-reference-online';
     note.innerHTML = '<h1>API reference</h1><p>The API reference of convlab (every module, '
-      + 'function and class) is on the book\'s site: <a href="' + site + apiDoc + '.html">'
+      + 'function and class) is on the web site: <a href="' + site + apiDoc + '.html">'
       + site + apiDoc + '.html</a>.</p>';
     start.before(note);
     block.forEach(n => n.remove());

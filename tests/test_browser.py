@@ -258,23 +258,26 @@ async () => {
   const cutMath = [...document.querySelectorAll('.bd-article span.math')]
     .filter(e => e.checkVisibility())
     .map(e => {
-      const hidden = e.scrollWidth - e.clientWidth;
+      // The rendering's width (MathJax's hidden assistive MathML inflates scrollWidth).
+      const jax = e.querySelector('mjx-container');
+      const hidden = jax ? jax.getBoundingClientRect().width - e.clientWidth : 0;
       const scrolls = ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
       // In a table that scrolls in its box, the math scrolls with it.
       const inBox = e.parentElement.closest('div.pst-scrollable-table-container, .table-wrapper');
       const out = inBox ? 0 : e.getBoundingClientRect().right - articleRight;
-      const jax = e.querySelector('mjx-container');
       const tex = (texOf.get(jax) || e.textContent || '').trim().replace(/\\s+/g, ' ');
       return {hidden, scrolls, out, text: `${label(e)} ${tex.slice(0, 60)}`};
     })
     .filter(m => (m.hidden > 1 && !m.scrolls) || m.out > 1)
     .map(m => m.out > 1 ? `sticks out ${Math.round(m.out)} px: ${m.text}`
-                        : `${m.hidden} px cut off: ${m.text}`);
+                        : `${Math.round(m.hidden)} px cut off: ${m.text}`);
   // Boxes that scroll sideways and whether they show the cue (book.css: a faded edge).
   const scrollers = [...document.querySelectorAll('.bd-article :is(.pst-scrollable-table-'
     + 'container, mjx-container[display="true"], div.highlight pre, .cell_output pre, '
     + 'span.math)')]
-    .filter(e => e.checkVisibility() && e.scrollWidth > e.clientWidth + 1)
+    .filter(e => e.checkVisibility() && (e.matches('span.math')
+      ? (e.querySelector('mjx-container') || e).getBoundingClientRect().width > e.clientWidth + 1
+      : e.scrollWidth > e.clientWidth + 1))
     .map(e => {
       const style = getComputedStyle(e);
       const mask = style.maskImage || style.webkitMaskImage || 'none';

@@ -77,8 +77,15 @@
     + ".bd-article span.math, "
     + ".bd-article mjx-container[display='true'], .bd-article div.highlight pre, "
     + ".bd-article .cell_output .output pre";
+  // How much of a box's content is out of view. Inline math is measured by its rendering
+  // (mjx-container): MathJax's hidden assistive MathML adds 2-40 px to scrollWidth.
+  const overflow = (box) => {
+    if (!box.matches("span.math")) return box.scrollWidth - box.clientWidth;
+    const jax = box.querySelector("mjx-container");
+    return jax ? jax.getBoundingClientRect().width - box.clientWidth : 0;
+  };
   const mark = (box) => {
-    const wide = box.scrollWidth > box.clientWidth + 1;
+    const wide = overflow(box) > 1;
     box.classList.toggle("scroll-x", wide);
     const end = box.scrollLeft > 0 && box.scrollLeft + box.clientWidth >= box.scrollWidth - 1;
     box.classList.toggle("scroll-end", wide && end);

@@ -17,7 +17,7 @@ export PYTHONHASHSEED := 0
 
 help:
 	@echo "make book        build the site into _build/html (does not execute notebooks)"
-	@echo "make pdf         the whole book as one PDF (_build/pdf/book.pdf; system Chromium)"
+	@echo "make pdf         the reader's book as one PDF, no API reference (_build/pdf/book.pdf)"
 	@echo "make test        ruff, pytest tests/, the book build, nbval over every chapter; tests"
 	@echo "                 and nbval again under ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default"
 	@echo "make notebooks   re-execute every chapter in place (NB=book/x.ipynb for one)"

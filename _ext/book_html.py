@@ -20,7 +20,8 @@
   generated ``__init__`` of dataclasses.
 * The Colab launch button opens the chapter's clean copy under ``colab/`` (written by
   ``scripts/colab_copies.py``: no MyST syntax), not the book's source notebook.
-* Glossary terms are listed first in search results (:func:`searchable_glossary_terms`).
+* Search ranks the glossary entry named by the query first, then the chapters
+  (``search_scorer.js``, :func:`use_search_scorer`).
 * When ``make pdf`` has written ``_build/pdf/book.pdf``, the page's download menu links the
   whole-book PDF (copied into the site); without that file there is no link.
 
@@ -42,6 +43,8 @@ from docutils import nodes
 from sphinx.application import Sphinx
 
 STATIC = Path(__file__).resolve().parent / "static"
+# Sphinx's html_search_scorer: read by the builder, inlined into search.html's scripts.
+SCORER = STATIC.parent / "search_scorer.js"
 ROOT = STATIC.parent.parent
 # The whole-book PDF that `make pdf` writes, and its name in the site.
 BOOK_PDF = ROOT / "_build" / "pdf" / "book.pdf"
@@ -221,31 +224,21 @@ def link_book_pdf(app: Sphinx, exception: Exception | None) -> None:
         item = (f'<li><a href="{href}" class="btn btn-sm btn-book-pdf dropdown-item" '
                 'title="The whole book as one PDF"><span class="btn__icon-container">'
                 '<i class="fas fa-book"></i></span>'
-                '<span class="btn__text-container">book.pdf</span></a></li>\n')
+                '<span class="btn__text-container">Whole book (PDF)</span></a></li>\n')
         new = PRINT_BUTTON.sub(lambda m, item=item: item + m.group(1), text, count=1)
         if new != text:
             page.write_text(new, encoding="utf-8")
 
 
-def searchable_glossary_terms() -> None:
-    """List glossary terms in search results, first (Sphinx leaves them out: priority -1).
-
-    Readers search for the names the book explains (``convolution_backward``, ``finput``):
-    the glossary entry defines each in a sentence and links the chapters, so it comes
-    before the API entries that merely share the name.
-    """
-    from sphinx.domains import ObjType
-    from sphinx.domains.std import StandardDomain
-
-    term = StandardDomain.object_types["term"]
-    StandardDomain.object_types = {
-        **StandardDomain.object_types,
-        "term": ObjType(term.lname, *term.roles, **{**term.attrs, "searchprio": 0}),
-    }
+def use_search_scorer(app: Sphinx, config: Any) -> None:
+    """Rank search results with ``search_scorer.js``: the glossary entry named by the query,
+    then the chapters, then the rest (Sphinx ranked API objects and a second glossary entry
+    first, and indexed each term twice: as an index entry and as an object)."""
+    config.html_search_scorer = str(SCORER)
 
 
 def setup(app: Sphinx) -> dict[str, Any]:
-    searchable_glossary_terms()
+    app.connect("config-inited", use_search_scorer)
     app.connect("builder-inited", add_static)
     app.connect("autodoc-process-signature", readable_signature)
     app.connect("build-finished", colab_copy_links)

@@ -4,8 +4,11 @@ Builds the book as a single HTML page (Sphinx's ``singlehtml`` builder keeps the
 and figure numbers), serves it on 127.0.0.1, waits for MathJax, and prints it with
 Playwright's ``page.pdf`` driving ``/usr/bin/chromium`` (``playwright install`` is not
 needed). The print stylesheet (``_ext/static/book.css``) wraps long code lines instead of
-cutting them. Writes ``_build/pdf/book.pdf``; the next ``make book`` links it from every
-page's download menu.
+cutting them, leaves out the web controls ("Show code cell source" toggles, buttons) and
+keeps each figure on one page with its caption. Folded content prints open. The API
+reference is left out of the reader's PDF (it was 35 % of the pages): one paragraph points
+to it on the site, and links into it go there (``--with-api`` keeps it, after the chapters).
+Writes ``_build/pdf/book.pdf``; the next ``make book`` links it from every page.
 """
 
 from __future__ import annotations
@@ -23,6 +26,61 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 OUT = ROOT / "_build" / "pdf" / "book.pdf"
+CONFIG = ROOT / "_config.yml"
+# The singlehtml marker of the API reference's first page (``_toc.yml``: book/api).
+API_DOC = "book/api"
+# Texts of web controls that must not print.
+WEB_CONTROLS = ("Show code cell", "Hide code cell", "Copy to clipboard")
+# Runs in the page before printing: folded content opens (sphinx-togglebutton's admonitions
+# and <details>); the API reference goes, its links pointing to the site; links to anchors
+# of this document become links inside the PDF.
+PREPARE_JS = """
+([apiDoc, site, dropApi]) => {
+  document.querySelectorAll('details').forEach(d => { d.open = true; });
+  document.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
+  const moved = new Map();
+  let removed = 0;
+  const start = document.getElementById('document-' + apiDoc);
+  if (dropApi && start) {
+    const block = [start];
+    for (let n = start.nextElementSibling; n; n = n.nextElementSibling) {
+      if (n.matches('span[id^="document-"]') && !n.id.startsWith('document-' + apiDoc)) break;
+      block.push(n);
+    }
+    let doc = apiDoc;
+    for (const root of block) {
+      for (const e of [root, ...root.querySelectorAll('[id]')]) {
+        if (e.id.startsWith('document-')) doc = e.id.slice('document-'.length);
+        if (e.id) moved.set(e.id, e.id.startsWith('document-') ? site + doc + '.html'
+                                                                : site + doc + '.html#' + e.id);
+      }
+    }
+    const note = document.createElement('section');
+    note.id = 'api-reference-online';
+    note.innerHTML = '<h1>API reference</h1><p>The API reference of convlab (every module, '
+      + 'function and class) is on the web site: <a href="' + site + apiDoc + '.html">'
+      + site + apiDoc + '.html</a>.</p>';
+    start.before(note);
+    block.forEach(n => n.remove());
+    removed = block.length;
+  }
+  let retargeted = 0;
+  for (const a of document.querySelectorAll('a[href]')) {
+    const url = new URL(a.href, location.href);
+    const id = decodeURIComponent(url.hash.slice(1));
+    if (!id || url.origin !== location.origin) continue;
+    if (moved.has(id)) { a.href = moved.get(id); retargeted++; }
+    else if (document.getElementById(id)) a.setAttribute('href', '#' + id);
+  }
+  return {removed, retargeted};
+}
+"""
+# Visible texts of web controls in the print layout (must be none).
+CONTROLS_JS = """
+(texts) => [...document.querySelectorAll('body *')].filter(e =>
+  e.children.length === 0 && e.checkVisibility()
+  && texts.some(t => (e.textContent || '').trim().startsWith(t))).length
+"""
 FOOTER = (
     '<div style="font-size:8px;width:100%;text-align:center;color:#555">'
     '<span class="pageNumber"></span> / <span class="totalPages"></span></div>'
@@ -63,7 +121,14 @@ def landing(single: Path) -> str:
     return "_print.html"
 
 
-def print_pdf(url: str, out: Path, single: Path) -> None:
+def site_url() -> str:
+    """The published site (``html: baseurl`` in ``_config.yml``), ending in "/"."""
+    import yaml
+
+    return yaml.safe_load(CONFIG.read_text())["html"]["baseurl"].rstrip("/") + "/"
+
+
+def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> None:
     from playwright.sync_api import sync_playwright
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -82,7 +147,13 @@ def print_pdf(url: str, out: Path, single: Path) -> None:
                     timeout=60_000,
                 )
                 page.evaluate("() => MathJax.startup.promise")
+            done = page.evaluate(PREPARE_JS, [API_DOC, site_url(), not with_api])
+            if not with_api and not done["removed"]:
+                raise SystemExit(f"no #document-{API_DOC} in the single page: API not found")
             page.emulate_media(media="print")
+            shown = page.evaluate(CONTROLS_JS, list(WEB_CONTROLS))
+            if shown:
+                raise SystemExit(f"{shown} web controls would print (book.css @media print)")
             # A4 less the margins is about 688 CSS px: no code box may be cut at that width.
             page.set_viewport_size({"width": 688, "height": 1000})
             cut = page.evaluate(
@@ -106,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-build", action="store_true",
                         help="print the existing _build/singlehtml")
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--with-api", action="store_true",
+                        help="keep the API reference (after the chapters)")
     parser.add_argument("--path-output", type=Path, default=ROOT,
                         help="build under this folder's _build/ (default: the book's)")
     args = parser.parse_args(argv)
@@ -117,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     server, url = serve(single)
     try:
-        print_pdf(url, args.out, single)
+        print_pdf(url, args.out, single, with_api=args.with_api)
     finally:
         server.shutdown()
         server.server_close()

@@ -254,10 +254,32 @@ async () => {
     .filter(e => e.checkVisibility() && e.scrollWidth > e.clientWidth + 1)
     .map(e => `${e.scrollWidth} px in ${e.clientWidth} px: `
       + (texOf.get(e) || e.textContent || '').trim().replace(/\\s+/g, ' ').slice(0, 90));
+  // Inline math wider than its box (span.math): cut if the box does not scroll (the theme
+  // clips it: ch6 lost "+ gg_b" at 390 px), or sticking out of the column.
+  const articleRight = article ? article.getBoundingClientRect().right : Infinity;
+  const cutMath = [...document.querySelectorAll('.bd-article span.math')]
+    .filter(e => e.checkVisibility())
+    .map(e => {
+      // The rendering's width (MathJax's hidden assistive MathML inflates scrollWidth).
+      const jax = e.querySelector('mjx-container');
+      const hidden = jax ? jax.getBoundingClientRect().width - e.clientWidth : 0;
+      const scrolls = ['auto', 'scroll'].includes(getComputedStyle(e).overflowX);
+      // In a table that scrolls in its box, the math scrolls with it.
+      const inBox = e.parentElement.closest('div.pst-scrollable-table-container, .table-wrapper');
+      const out = inBox ? 0 : e.getBoundingClientRect().right - articleRight;
+      const tex = (texOf.get(jax) || e.textContent || '').trim().replace(/\\s+/g, ' ');
+      return {hidden, scrolls, out, text: `${label(e)} ${tex.slice(0, 60)}`};
+    })
+    .filter(m => (m.hidden > 1 && !m.scrolls) || m.out > 1)
+    .map(m => m.out > 1 ? `sticks out ${Math.round(m.out)} px: ${m.text}`
+                        : `${Math.round(m.hidden)} px cut off: ${m.text}`);
   // Boxes that scroll sideways and whether they show the cue (book.css: a faded edge).
   const scrollers = [...document.querySelectorAll('.bd-article :is(.pst-scrollable-table-'
-    + 'container, mjx-container[display="true"], div.highlight pre, .cell_output pre)')]
-    .filter(e => e.checkVisibility() && e.scrollWidth > e.clientWidth + 1)
+    + 'container, mjx-container[display="true"], div.highlight pre, .cell_output pre, '
+    + 'span.math)')]
+    .filter(e => e.checkVisibility() && (e.matches('span.math')
+      ? (e.querySelector('mjx-container') || e).getBoundingClientRect().width > e.clientWidth + 1
+      : e.scrollWidth > e.clientWidth + 1))
     .map(e => {
       const style = getComputedStyle(e);
       const mask = style.maskImage || style.webkitMaskImage || 'none';
@@ -325,6 +347,13 @@ async () => {
     h1: (document.querySelector('.bd-article h1') || {innerText: ''}).innerText.trim(),
     splits: splits,
     clippedMath: clippedMath,
+    cutMath: cutMath,
+    // The labelled buttons under the title (_ext/book_actions.py).
+    actions: [...document.querySelectorAll('.bd-article .book-actions a')].map(a => {
+      const r = a.getBoundingClientRect();
+      return {text: a.innerText.trim(), href: a.href, shown: a.checkVisibility(),
+              w: r.width, h: r.height, inside: r.right <= articleRight + 1};
+    }),
     scrollers: scrollers,
     svgFigures: svgFigures,
     tables: tables,
@@ -935,6 +964,13 @@ def test_no_display_equation_is_wider_than_the_column(visits: dict) -> None:
     assert not problems, report(problems)
 
 
+def test_no_inline_math_is_cut_off(visits: dict) -> None:
+    """Inline math at 390 px too: a formula wider than its line scrolls in its box (with
+    the cue, checked below), it is not clipped and does not stick out of the column."""
+    problems = [f"{v.page} @{v.width}: {m}" for v in visits.values() for m in v.data["cutMath"]]
+    assert not problems, report(problems)
+
+
 def test_boxes_that_scroll_sideways_show_a_cue(visits: dict) -> None:
     problems = [
         f"{v.page} @{v.width}: {b['where']} scrolls with no cue"
@@ -1032,7 +1068,7 @@ def test_book_pdf_is_linked_only_when_it_exists(visits: dict) -> None:
     ]
     with_menu = [
         v.page for v in at(visits, WIDE)
-        if any(b["title"] == "Print to PDF" for b in v.data["buttons"])
+        if any(b["title"] == "Print this page" for b in v.data["buttons"])
     ]
     if (HTML / "book.pdf").is_file():
         assert with_menu, "no page has the download menu"
@@ -1040,6 +1076,110 @@ def test_book_pdf_is_linked_only_when_it_exists(visits: dict) -> None:
         assert not missing, f"pages whose download menu lacks book.pdf: {missing[:5]}"
     else:
         assert not linked, f"book.pdf is linked but not built (make pdf): {linked[:3]}"
+
+
+ACTION_LABELS = ("Run on Colab", "Download notebook", "Download .py", "All notebooks (.zip)")
+BOOK_PDF_LABEL = "Whole book (PDF)"
+
+
+def local_file(site: str, href: str) -> Path | None:
+    """The file under _build/html a link of the served site points to (None if off-site)."""
+    if not href.startswith(site):
+        return None
+    return HTML / unquote(urlsplit(href).path[len(urlsplit(site).path) :])
+
+
+def test_chapters_have_labelled_run_and_download_buttons(site: str, visits: dict) -> None:
+    """Under each chapter's title, at both widths: "Run on Colab" (the chapter's Colab
+    copy), "Download notebook", "Download .py" and the zip of all notebooks, each shown,
+    labelled, inside the column, >= 40 px tall, its file present; "Whole book (PDF)" too
+    when ``make pdf`` built it. The theme's print button says it prints this page."""
+    with_pdf = (HTML / "book.pdf").is_file()
+    problems = []
+    for entry in chapters():
+        for width in VIEWPORTS:
+            d = visits[f"{entry}.html", width].data
+            by_label = {a["text"]: a for a in d["actions"]}
+            wanted = ACTION_LABELS + ((BOOK_PDF_LABEL,) if with_pdf else ())
+            for label in wanted:
+                a = by_label.get(label)
+                if a is None:
+                    problems.append(f"{entry} @{width}: no {label!r} button ({list(by_label)})")
+                    continue
+                if not a["shown"] or not a["inside"] or a["h"] < MIN_TAP_PX - 0.5:
+                    problems.append(f"{entry} @{width}: {label!r} shown={a['shown']} "
+                                    f"inside={a['inside']} {a['w']:.0f}x{a['h']:.0f} px")
+                if label == "Run on Colab":
+                    if a["href"] != colab_link(entry):
+                        problems.append(f"{entry}: Colab button goes to {a['href']}")
+                    continue
+                target = local_file(site, a["href"])
+                if target is None or not target.is_file() or target.stat().st_size == 0:
+                    problems.append(f"{entry} @{width}: {label!r} -> missing {a['href']}")
+            if not with_pdf and BOOK_PDF_LABEL in by_label:
+                problems.append(f"{entry}: {BOOK_PDF_LABEL!r} without a built book.pdf")
+            titles = [b["title"] for b in d["buttons"]]
+            if "Print to PDF" in titles or "Print this page" not in titles:
+                problems.append(f"{entry} @{width}: print button titles {titles}")
+    assert not problems, report(problems)
+
+
+def test_landing_page_offers_the_whole_book_downloads(site: str, visits: dict) -> None:
+    d = visits[pages()[0], PHONE].data
+    by_label = {a["text"]: a for a in d["actions"]}
+    wanted = ["All notebooks (.zip)"] + ([BOOK_PDF_LABEL] if (HTML / "book.pdf").is_file() else [])
+    for label in wanted:
+        assert label in by_label, f"landing page: no {label!r} button ({list(by_label)})"
+        target = local_file(site, by_label[label]["href"])
+        assert target is not None and target.is_file(), f"{label}: missing target"
+
+
+def print_view(tab: object) -> dict:
+    """What the print layout shows: web-control texts, figure breaks, buttons."""
+    tab.emulate_media(media="print")
+    return tab.evaluate(
+        """() => {
+      const shown = e => e.checkVisibility();
+      const controls = [...document.querySelectorAll('body *')].filter(e =>
+        e.children.length === 0 && shown(e)
+        && /^(Show|Hide) code cell/.test((e.textContent || '').trim()));
+      const figures = [...document.querySelectorAll('.bd-article figure')].filter(shown);
+      return {
+        toggles: document.querySelectorAll('details.hide summary').length,
+        controls: controls.map(e => e.textContent.trim()),
+        figures: figures.length,
+        split: figures.filter(f => getComputedStyle(f).breakInside !== 'avoid').length,
+        figcaptions: figures.filter(f => f.querySelector('figcaption')).length,
+        actions: [...document.querySelectorAll('.book-actions')].filter(shown).length,
+      };
+    }"""
+    )
+
+
+def test_print_layout_has_no_web_controls_and_keeps_figures_whole(
+    site: str, browser: object
+) -> None:
+    """``make pdf`` prints this layout: no "Show code cell source" toggle, no buttons, and
+    every figure kept on one page with its caption (break-inside: avoid)."""
+    folded = [e for e in chapters() if '"hide-input"' in (ROOT / f"{e}.ipynb").read_text()]
+    assert folded, "no chapter has a folded (hide-input) code cell to check"
+    context = new_context(browser, WIDE)
+    problems = []
+    try:
+        for entry in folded:
+            tab = open_page(context, f"{site}{entry}.html", Visit(entry, WIDE))
+            d = print_view(tab)
+            tab.close()
+            if not d["toggles"]:
+                problems.append(f"{entry}: no folded cell found on the page")
+            if d["controls"] or d["actions"]:
+                problems.append(f"{entry}: prints {d['controls'][:3]} and {d['actions']} "
+                                "button rows")
+            if d["split"]:
+                problems.append(f"{entry}: {d['split']} of {d['figures']} figures may split")
+    finally:
+        context.close()
+    assert not problems, report(problems)
 
 
 def first_page_with(visits: dict, key: str) -> str | None:
@@ -1115,10 +1255,10 @@ def test_phone_drawers_close_after_tapping_an_entry(site: str, browser: object) 
 
 def search_results(tab: object, site: str, query: str) -> list[str]:
     tab.goto(f"{site}search.html?q={query}", wait_until="load")
+    # Sphinx shows results one by one, then "Search finished, found N pages ...".
     tab.wait_for_function(
-        "() => { const s = document.querySelector('#search-results');"
-        " return s && (s.querySelectorAll('li').length > 0 || /found|did not match/i"
-        ".test(s.innerText)); }",
+        "() => { const s = document.querySelector('#search-results .search-summary');"
+        " return s && /found|did not match/i.test(s.innerText); }",
         timeout=20_000,
     )
     return tab.evaluate(
@@ -1126,19 +1266,67 @@ def search_results(tab: object, site: str, query: str) -> list[str]:
     )
 
 
+# Result titles split inside a word (the same rule as the page check: a break right after
+# "_" is a word boundary; the titles are long dotted API names).
+RESULT_SPLITS_JS = """
+() => {
+  const splits = [];
+  const range = document.createRange();
+  for (const a of document.querySelectorAll('#search-results li > a')) {
+    const texts = document.createTreeWalker(a, NodeFilter.SHOW_TEXT);
+    for (let n = texts.nextNode(); n; n = texts.nextNode()) {
+      for (const m of n.textContent.matchAll(/[A-Za-z0-9_]{2,}/g)) {
+        const tops = [];
+        for (let k = 0; k < m[0].length; k++) {
+          range.setStart(n, m.index + k);
+          range.setEnd(n, m.index + k + 1);
+          tops.push(Math.round(range.getBoundingClientRect().top));
+        }
+        const k = tops.findIndex(t => Math.abs(t - tops[0]) >= 2);
+        if (k > 0 && m[0][k - 1] !== '_') {
+          splits.push(`${m[0].slice(0, k)}|${m[0].slice(k)}`);
+        }
+      }
+    }
+  }
+  return splits;
+}
+"""
+
+
+def result_target(href: str) -> str:
+    """A search result's page and anchor, without book.js's ?highlight= query."""
+    parts = urlsplit(href)
+    return parts.path.rsplit("/", 1)[-1] + (f"#{parts.fragment}" if parts.fragment else "")
+
+
 @pytest.mark.parametrize("width", [WIDE, PHONE])
-def test_search_ranks_the_landing_page_or_glossary_top_3(
+def test_search_shows_one_glossary_entry_then_the_chapters(
     site: str, browser: object, width: int
 ) -> None:
-    wanted = (f"/{toc_files()[0]}.html", "/glossary.html")
+    """For a name the book explains: its glossary entry first and only once in the top 5,
+    then a chapter; no result twice; no result title broken inside a word."""
+    chapter_pages = {f"{Path(e).name}.html" for e in chapters()}
     context = new_context(browser, width)
     problems = []
     try:
         tab = context.new_page()
         for query in SEARCHES:
-            hits = [urlsplit(h).path for h in search_results(tab, site, query)]
-            if not any(h.endswith(wanted) for h in hits[:3]):
-                problems.append(f"{query}: top 3 are {[h.rsplit('/', 1)[-1] for h in hits[:3]]}")
+            hits = [result_target(h) for h in search_results(tab, site, query)]
+            tab.wait_for_timeout(300)  # the last titles and their line breaks
+            top = hits[:5]
+            glossary = [h for h in top if h.startswith("glossary.html")]
+            if not hits or hits[0] != f"glossary.html#term-{query}":
+                problems.append(f"{query}: first hit {hits[:1]}, not its glossary entry")
+            if len(glossary) != 1:
+                problems.append(f"{query}: {len(glossary)} glossary hits in the top 5: {top}")
+            if len(hits) < 2 or hits[1].split("#")[0] not in chapter_pages:
+                problems.append(f"{query}: second hit {hits[1:2]} is not a chapter")
+            if len(set(top)) < len(top):
+                problems.append(f"{query}: a result twice in the top 5: {top}")
+            splits = tab.evaluate(RESULT_SPLITS_JS)
+            if splits:
+                problems.append(f"{query}: result titles split mid-word: {splits[:3]}")
     finally:
         context.close()
     assert not problems, report(problems)

@@ -10,6 +10,8 @@
   const forget = () => { try { localStorage.removeItem(KEY); } catch (e) { /* blocked */ } };
   forget();
   const tagResults = (results) => {
+    // Result titles are often long dotted names: break them after a "." (as in the text).
+    addBreaks(results.querySelectorAll("li > a, li .context"));
     const terms = new URLSearchParams(window.location.search).get("q") || "";
     for (const link of results.querySelectorAll("a[href]")) {
       if (!terms || link.dataset.highlight) continue;
@@ -41,8 +43,8 @@
   const LONG_WORD = /[A-Za-z0-9_]{24,}/;
   const AFTER = /(?<=[./(,=])(?=[^\s./(,=)])/;
   const AFTER_UNDERSCORE = /(?<=[./(,=]|[A-Za-z0-9]_)(?=[^\s./(,=)_])/;
-  const addBreaks = () => {
-    for (const root of document.querySelectorAll(BREAKABLE)) {
+  const addBreaks = (roots = document.querySelectorAll(BREAKABLE)) => {
+    for (const root of roots) {
       if (root.closest("pre") || root.dataset.wbr) continue;
       root.dataset.wbr = "1";
       const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
@@ -72,10 +74,18 @@
 
   // Boxes that scroll sideways get the `scroll-x` cue (book.css), `scroll-end` at the end.
   const SCROLLERS = ".bd-article .pst-scrollable-table-container, .bd-article .table-wrapper, "
+    + ".bd-article span.math, "
     + ".bd-article mjx-container[display='true'], .bd-article div.highlight pre, "
     + ".bd-article .cell_output .output pre";
+  // How much of a box's content is out of view. Inline math is measured by its rendering
+  // (mjx-container): MathJax's hidden assistive MathML adds 2-40 px to scrollWidth.
+  const overflow = (box) => {
+    if (!box.matches("span.math")) return box.scrollWidth - box.clientWidth;
+    const jax = box.querySelector("mjx-container");
+    return jax ? jax.getBoundingClientRect().width - box.clientWidth : 0;
+  };
   const mark = (box) => {
-    const wide = box.scrollWidth > box.clientWidth + 1;
+    const wide = overflow(box) > 1;
     box.classList.toggle("scroll-x", wide);
     const end = box.scrollLeft > 0 && box.scrollLeft + box.clientWidth >= box.scrollWidth - 1;
     box.classList.toggle("scroll-end", wide && end);
@@ -175,6 +185,10 @@
     window.addEventListener("resize", () => {
       stackTables();
       markAll();
+    });
+    // Printing a page: folded content prints open (book.css hides the toggles in print).
+    window.addEventListener("beforeprint", () => {
+      document.querySelectorAll(".bd-article details").forEach((d) => { d.open = true; });
     });
   };
   // MathJax loads and typesets after the page: mark its equations once it is done.

@@ -9,8 +9,10 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
   input is copied once to channels-last, zero-padded, with the batch stacked as one tall
   image ``[N * prod(padded), C]``; ``grad_output`` is copied onto the same padded grid
   (zeros outside the output). With stride 1, kernel tap ``t`` reads the input rows shifted
-  by a fixed offset ``o_t`` (``sum_d tap_d * dilation_d * row_stride_d``), so each tap is
-  one GEMM on two *views*: ``grad_weight[:, :, t] = G^T @ X[o_t:]`` and
+  by a fixed offset ``o_t`` (``sum_d tap_d * dilation_d * row_stride_d``); with stride
+  ``s`` the input is first split into its ``prod(s)`` stride phases (``x_pad[s * u + r]``),
+  stacked, and a tap reads one phase at a shift. Either way each tap is one GEMM on two
+  *views*: ``grad_weight[:, :, t] = G^T @ X[o_t:]`` and
   ``grad_input[o_t:] += G @ W_t`` (an in-place ``addmm_`` on a view). Grid positions
   outside the output hold zeros, so they add nothing, at the cost of
   ``prod(padded) / prod(out)`` more multiply-adds.
@@ -79,11 +81,11 @@ def choose_form(
         if dim == 2 and k_g == 1:
             return "depthwise"
         return "im2col"
-    if any(s != 1 for s in p.stride) or min(c_g, k_g) < SHIFT_MIN_CHANNELS:
+    if min(c_g, k_g) < SHIFT_MIN_CHANNELS:
         return "im2col"
-    padded = [s + 2 * q for s, q in zip(input_shape[2:], p.padding, strict=True)]
+    grid = _phases(input_shape[2:], p)
     out = p.output_size(input_shape[2:], weight_shape[2:])
-    if math.prod(out) == 0 or math.prod(padded) / math.prod(out) > SHIFT_MAX_OVERHEAD:
+    if math.prod(out) == 0 or math.prod(grid) / math.prod(out) > SHIFT_MAX_OVERHEAD:
         return "im2col"
     return "shift"
 
@@ -151,9 +153,9 @@ def _check_form(form: object, x: torch.Tensor, w: torch.Tensor, p: ConvParams) -
                                     and not p.transposed and x.dtype in _FAST_DTYPES):
         raise ValueError("form='depthwise' needs a 2-d float32/float64 depthwise "
                          "convolution with one output channel per input channel")
-    if form == "shift" and (p.transposed or any(s != 1 for s in p.stride) or depthwise):
-        raise ValueError("form='shift' needs a non-transposed, stride-1 convolution with "
-                         "more than one input channel per group")
+    if form == "shift" and (p.transposed or depthwise):
+        raise ValueError("form='shift' needs a non-transposed convolution with more than "
+                         "one input channel per group")
 
 
 def _fast_allowed(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, form: Form,
@@ -182,31 +184,73 @@ def _depthwise(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
     return gi, gw
 
 
+def _phases(size: Sequence[int], p: ConvParams) -> list[int]:
+    """Per dimension, the length ``U`` of each stride phase of the padded input
+    (``ceil((S + 2 * padding) / stride)``): the shift form's grid."""
+    return [-(-(s + 2 * q) // st) for s, q, st in zip(size, p.padding, p.stride, strict=True)]
+
+
+def _to_phases(t: torch.Tensor, p: ConvParams, phases: Sequence[int]) -> torch.Tensor:
+    """``[N, C, *S]`` -> ``[prod(stride), N, *U, C]`` (one copy): zero-padded, each stride
+    phase ``t_pad[..., stride * u + r]`` as its own channels-last image."""
+    n, c, dim = t.shape[0], t.shape[1], p.dim
+    pads = []
+    for s, q, st, u in zip(t.shape[2:], p.padding, p.stride, phases, strict=True):
+        pads.append((q, u * st - s - q))
+    t = torch.nn.functional.pad(t, [v for pair in reversed(pads) for v in pair])
+    split = t.reshape(n, c, *(v for u, st in zip(phases, p.stride, strict=True)
+                              for v in (u, st)))
+    order = [3 + 2 * d for d in range(dim)] + [0] + [2 + 2 * d for d in range(dim)] + [1]
+    return split.permute(order)
+
+
+def _from_phases(t: torch.Tensor, p: ConvParams, phases: Sequence[int],
+                 size: Sequence[int]) -> torch.Tensor:
+    """The inverse of :func:`_to_phases`, cropped to ``size`` (one copy)."""
+    dim = p.dim
+    n, c = t.shape[dim], t.shape[-1]
+    order = [dim, 2 * dim + 1] + [v for d in range(dim) for v in (dim + 1 + d, d)]
+    full = t.permute(order).reshape(n, c, *(u * st for u, st in
+                                            zip(phases, p.stride, strict=True)))
+    crop = tuple(slice(q, q + s) for q, s in zip(p.padding, size, strict=True))
+    return full[(slice(None), slice(None), *crop)].contiguous()
+
+
 def _shift(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, p: ConvParams,
            mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """The shift-and-accumulate form (stride 1, N-d, groups): module docstring."""
+    """The shift-and-accumulate form (N-d, groups, any stride): module docstring.
+
+    With stride ``s``, tap ``t`` reads ``x_pad[s * o + t * dilation]``: write
+    ``t * dilation = s * q + r``; it reads phase ``r`` (``x_pad[s * u + r]``) at ``o + q``,
+    a stride-1 shift. All phases are stacked in one tall channels-last matrix, so each tap
+    is still one GEMM on views.
+    """
     n, c = x.shape[:2]
     k, g = w.shape[0], p.groups
     c_g, k_g = c // g, k // g
-    kernel, spatial, out = w.shape[2:], x.shape[2:], gy.shape[2:]
-    padded = [s + 2 * q for s, q in zip(spatial, p.padding, strict=True)]
-    row_stride = [math.prod(padded[d + 1:]) for d in range(p.dim)]
-    inner = tuple(slice(q, q + s) for q, s in zip(p.padding, spatial, strict=True))
-    grid = gy.new_zeros(n, *padded, k)
+    kernel, out = w.shape[2:], gy.shape[2:]
+    phases = _phases(x.shape[2:], p)
+    per_phase = n * math.prod(phases)
+    row_stride = [math.prod(phases[d + 1:]) for d in range(p.dim)]
+    phase_stride = [math.prod(p.stride[d + 1:]) for d in range(p.dim)]
+    offsets = []
+    for tap in _taps(kernel):
+        qr = [divmod(t * d, st) for t, d, st in zip(tap, p.dilation, p.stride, strict=True)]
+        phase = sum(r * ps for (_, r), ps in zip(qr, phase_stride, strict=True))
+        offsets.append(phase * per_phase
+                       + sum(q * rs for (q, _), rs in zip(qr, row_stride, strict=True)))
+    rows = max(math.prod(p.stride), 1) * per_phase + max(offsets)  # margin: the last shift
+    grid = gy.new_zeros(n, *phases, k)
     grid[(slice(None), *(slice(0, o) for o in out))] = gy.movedim(1, -1)
-    rows = n * math.prod(padded)
-    offsets = [sum(t * d * r for t, d, r in zip(tap, p.dilation, row_stride, strict=True))
-               for tap in _taps(kernel)]
-    m = rows - offsets[-1]
-    gflat = grid.reshape(rows, k)[:m]
+    gflat = grid.reshape(per_phase, k)
     gi = gw = None
     if mask[1]:
-        xl = x.new_zeros(n, *padded, c)
-        xl[(slice(None), *inner)] = x.movedim(1, -1)
-        xflat = xl.reshape(rows, c)
+        xflat = x.new_zeros(rows, c)
+        xflat[:math.prod(p.stride) * per_phase].view(
+            *p.stride, n, *phases, c).copy_(_to_phases(x, p, phases))
         gw_taps = x.new_empty(len(offsets), k, c_g)
         for t, off in enumerate(offsets):
-            xs = xflat[off:off + m]
+            xs = xflat[off:off + per_phase]
             for j in range(g):
                 torch.mm(gflat[:, j * k_g:(j + 1) * k_g].t(), xs[:, j * c_g:(j + 1) * c_g],
                          out=gw_taps[t, j * k_g:(j + 1) * k_g])
@@ -215,12 +259,12 @@ def _shift(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, p: ConvParams,
         w_taps = w.reshape(k, c_g, -1).permute(2, 0, 1).contiguous()  # [taps, K, C/G]
         gil = x.new_zeros(rows, c)
         for t, off in enumerate(offsets):
-            target = gil[off:off + m]
+            target = gil[off:off + per_phase]
             for j in range(g):
                 target[:, j * c_g:(j + 1) * c_g].addmm_(
                     gflat[:, j * k_g:(j + 1) * k_g], w_taps[t, j * k_g:(j + 1) * k_g])
-        gi = (gil.reshape(n, *padded, c)[(slice(None), *inner)].movedim(-1, 1)
-              .contiguous())
+        stacked = gil[:math.prod(p.stride) * per_phase].view(*p.stride, n, *phases, c)
+        gi = _from_phases(stacked, p, phases, x.shape[2:])
     return gi, gw
 
 

@@ -39,10 +39,11 @@ GRID = [
 ]
 
 
-def tensors(xs, ws, stride, padding, dilation, groups):
+def tensors(xs, ws, stride, padding, dilation, groups, transposed=False, out_pad=None):
     x = torch.randn(xs, dtype=F64)
     w = torch.randn(ws, dtype=F64)
-    args = (list(stride), list(padding), list(dilation), False, [0] * len(stride), groups)
+    out_pad = list(out_pad) if out_pad is not None else [0] * len(stride)
+    args = (list(stride), list(padding), list(dilation), transposed, out_pad, groups)
     gy = torch.randn_like(aten.convolution(x, w, None, *args))
     return gy, x, w, args
 
@@ -62,9 +63,10 @@ def forms_for(x: torch.Tensor, w: torch.Tensor, args) -> list[str | None]:
 def check_all(gy, x, w, args, masks=MASKS) -> None:
     for form in forms_for(x, w, args):
         for mask in masks:
-            want = aten.convolution_backward(gy, x, w, [w.shape[0]], *args, mask)
-            simple = reference.convolution_backward(gy, x, w, [w.shape[0]], *args, mask)
-            got = fast.convolution_backward(gy, x, w, [w.shape[0]], *args, mask, form=form)
+            sizes = [gy.shape[1]]
+            want = aten.convolution_backward(gy, x, w, sizes, *args, mask)
+            simple = reference.convolution_backward(gy, x, w, sizes, *args, mask)
+            got = fast.convolution_backward(gy, x, w, sizes, *args, mask, form=form)
             for g, e, s, m in zip(got, want, simple, mask, strict=True):
                 assert (g is None) == (not m), (form, mask)
                 if m:
@@ -91,13 +93,19 @@ def cases(draw: st.DrawFn):
     padding = tuple(draw(st.integers(0, 2)) for _ in range(dim))
     size = tuple(draw(st.integers(1, 7 if dim < 3 else 4)) for _ in range(dim))
     n = draw(st.integers(0, 3))
-    xs, ws = (n, c_g * groups, *size), (k_g * groups, c_g, *kernel)
+    transposed = draw(st.booleans())
+    out_pad = tuple(draw(st.integers(0, max(s, d) - 1)) if transposed else 0
+                    for s, d in zip(stride, dilation, strict=True))
+    # transposed: x is the x-space of nothing; its weight is [C_in, C_out/G, *k]
+    xs = (n, (k_g if transposed else c_g) * groups, *size)
+    ws = (k_g * groups, c_g, *kernel)
     x, w = torch.empty(xs), torch.empty(ws)
     try:
-        ConvParams.for_tensors(x, w, None, stride, padding, dilation, False, 0, groups)
+        ConvParams.for_tensors(x, w, None, stride, padding, dilation, transposed, out_pad,
+                               groups)
     except ValueError:
         assume(False)
-    return xs, ws, stride, padding, dilation, groups
+    return xs, ws, stride, padding, dilation, groups, transposed, out_pad
 
 
 @given(cases())
@@ -105,17 +113,25 @@ def test_hypothesis_matches_aten_and_the_simple_form(case) -> None:
     check_all(*tensors(*case), masks=MASKS[:3])
 
 
-def test_transposed_and_reduced_precision_take_the_im2col_form() -> None:
-    x, w = torch.randn(2, 16, 5, 5, dtype=F64), torch.randn(16, 8, 3, 3, dtype=F64)
+def test_transposed_takes_the_shift_form_and_matches_aten() -> None:
+    x, w = torch.randn(2, 32, 5, 5, dtype=F64), torch.randn(32, 16, 3, 3, dtype=F64)
     args = ([2, 2], [1, 1], [1, 1], True, [1, 1], 2)
     p = ConvParams.for_tensors(x, w, None, *args)
-    assert fast.choose_form(x.shape, w.shape, p, F64) == "im2col"
+    assert fast.choose_form(x.shape, w.shape, p, F64) == "shift"
     gy = torch.randn_like(aten.convolution(x, w, None, *args))
-    got = fast.convolution_backward(gy, x, w, [16], *args, [True, True, True])
-    want = aten.convolution_backward(gy, x, w, [16], *args, [True, True, True])
-    for g, e in zip(got, want, strict=True):
-        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
-    p = ConvParams.for_tensors(x, w[:, :1].repeat(1, 16, 1, 1), None, *_unit(2))
+    for mask in MASKS:
+        got = fast.convolution_backward(gy, x, w, [32], *args, mask)
+        want = aten.convolution_backward(gy, x, w, [32], *args, mask)
+        for g, e, m in zip(got, want, mask, strict=True):
+            assert (g is None) == (not m)
+            if m:
+                torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_reduced_precision_takes_the_im2col_form() -> None:
+    x = torch.empty(2, 16, 12, 12)
+    p = ConvParams.for_tensors(x, torch.empty(16, 16, 3, 3), None, *_unit(2))
+    assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.float32) == "shift"
     assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.bfloat16) == "im2col"
 
 
@@ -150,7 +166,7 @@ def test_inputs_that_require_grad_take_the_simple_differentiable_form() -> None:
 EXPECTED_FORMS = {
     "resnet56": "shift", "resnet28": "shift", "resnet14": "shift", "cifar5": "im2col",
     "strided": "shift", "grouped": "shift", "depthwise": "depthwise", "dilated": "shift",
-    "transposed": "im2col", "conv1d": "shift", "conv3d": "shift",
+    "transposed": "shift", "conv1d": "shift", "conv3d": "shift",
 }
 
 

@@ -15,7 +15,9 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
   *views*: ``grad_weight[:, :, t] = G^T @ X[o_t:]`` and
   ``grad_input[o_t:] += G @ W_t`` (an in-place ``addmm_`` on a view). Grid positions
   outside the output hold zeros, so they add nothing, at the cost of
-  ``prod(padded) / prod(out)`` more multiply-adds.
+  ``prod(grid) / prod(out)`` more multiply-adds. A transposed convolution runs in the
+  roles of the normal one it transposes: its grad_input is that convolution's forward
+  (``Y[:] += X[o_t:] @ W_t^T`` per tap), its grad_weight that convolution's grad_weight.
 * ``"im2col"``: :func:`convlab.scratch.reference.convolution_backward` with its column
   chunks sized to the L2 cache (:func:`convlab.aten.cpu_cache.l2_cache_bytes`), so each
   GEMM reads columns the im2col has just written while they are still in cache.
@@ -75,19 +77,29 @@ def choose_form(
     """
     dim = len(input_shape) - 2
     c_g, k_g = weight_shape[1], weight_shape[0] // p.groups
-    if p.transposed or dtype not in _FAST_DTYPES:
+    if dtype not in _FAST_DTYPES:
         return "im2col"
     if c_g == 1 and p.groups > 1:
-        if dim == 2 and k_g == 1:
+        if dim == 2 and k_g == 1 and not p.transposed:
             return "depthwise"
         return "im2col"
     if min(c_g, k_g) < SHIFT_MIN_CHANNELS:
         return "im2col"
-    grid = _phases(input_shape[2:], p)
-    out = p.output_size(input_shape[2:], weight_shape[2:])
+    x_size, out = _normal_roles(input_shape, weight_shape, p)
+    grid = _phases(x_size, p)
     if math.prod(out) == 0 or math.prod(grid) / math.prod(out) > SHIFT_MAX_OVERHEAD:
         return "im2col"
     return "shift"
+
+
+def _normal_roles(input_shape: Sequence[int], weight_shape: Sequence[int],
+                  p: ConvParams) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Spatial sizes of the normal convolution's input and output: the call's own for a
+    normal convolution, swapped for a transposed one (its output is the x-space)."""
+    if p.transposed:
+        return tuple(p.output_shape(tuple(input_shape), tuple(weight_shape))[2:]), tuple(
+            input_shape[2:])
+    return tuple(input_shape[2:]), tuple(p.output_size(input_shape[2:], weight_shape[2:]))
 
 
 def convolution_backward(
@@ -124,7 +136,8 @@ def convolution_backward(
     mask = check_output_mask(output_mask)
     if form is None:
         form = choose_form(input.shape, weight.shape, p, input.dtype)
-        if form != "im2col" and not _fast_allowed(grad_output, input, weight, form, mask):
+        if form != "im2col" and not _fast_allowed(grad_output, input, weight, form, mask,
+                                                  p.transposed):
             form = "im2col"
     else:
         _check_form(form, input, weight, p)
@@ -138,8 +151,10 @@ def convolution_backward(
     with torch.no_grad():
         if form == "depthwise":
             gi, gw = _depthwise(grad_output, input, weight, p)
+        elif p.transposed:  # normal roles: x is grad_output, the output gradient is input
+            gi, _, gw = _shift(input, grad_output, weight, p, (False, mask[1]), mask[0])
         else:
-            gi, gw = _shift(grad_output, input, weight, p, mask)
+            _, gi, gw = _shift(grad_output, input, weight, p, mask[:2])
         gb = grad_output.sum([0, *range(2, grad_output.dim())]) if mask[2] else None
     return (gi if mask[0] else None), (gw if mask[1] else None), gb
 
@@ -153,13 +168,12 @@ def _check_form(form: object, x: torch.Tensor, w: torch.Tensor, p: ConvParams) -
                                     and not p.transposed and x.dtype in _FAST_DTYPES):
         raise ValueError("form='depthwise' needs a 2-d float32/float64 depthwise "
                          "convolution with one output channel per input channel")
-    if form == "shift" and (p.transposed or depthwise):
-        raise ValueError("form='shift' needs a non-transposed convolution with more than "
-                         "one input channel per group")
+    if form == "shift" and depthwise:
+        raise ValueError("form='shift' needs more than one input channel per group")
 
 
 def _fast_allowed(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, form: Form,
-                  mask: tuple[bool, bool, bool]) -> bool:
+                  mask: tuple[bool, bool, bool], transposed: bool) -> bool:
     """Plain eager CPU tensors of one dtype, no autograd needed; for the shift form, finite
     weight (grad_input) and input (grad_weight) values (module docstring)."""
     tensors = (gy, x, w)
@@ -172,6 +186,8 @@ def _fast_allowed(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, form: Form
         return False
     if torch._C._functorch.is_functorch_wrapped_tensor(x):
         return False
+    if transposed:  # its grad_input is a forward (ATen's products), grad_weight reads gy
+        return not mask[1] or bool(torch.isfinite(gy).all())
     return ((not mask[0] or bool(torch.isfinite(w).all()))
             and (not mask[1] or bool(torch.isfinite(x).all())))
 
@@ -217,8 +233,13 @@ def _from_phases(t: torch.Tensor, p: ConvParams, phases: Sequence[int],
 
 
 def _shift(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, p: ConvParams,
-           mask: tuple[bool, bool, bool]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+           mask: Sequence[bool], forward: bool = False) -> tuple[torch.Tensor | None, ...]:
     """The shift-and-accumulate form (N-d, groups, any stride): module docstring.
+
+    In normal-convolution roles (``p.transposed`` is ignored): ``x`` ``[N, C, *S]``, ``w``
+    ``[K, C/G, *k]``, ``gy`` ``[N, K, *O]`` (only its shape is read when ``mask`` is all
+    False). Returns ``(y, grad_input, grad_weight)``: the forward ``[N, K, *O]`` if
+    ``forward``, the gradients where ``mask`` asks for them, else None.
 
     With stride ``s``, tap ``t`` reads ``x_pad[s * o + t * dilation]``: write
     ``t * dilation = s * q + r``; it reads phase ``r`` (``x_pad[s * u + r]``) at ``o + q``,
@@ -239,15 +260,28 @@ def _shift(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, p: ConvParams,
         phase = sum(r * ps for (_, r), ps in zip(qr, phase_stride, strict=True))
         offsets.append(phase * per_phase
                        + sum(q * rs for (q, _), rs in zip(qr, row_stride, strict=True)))
-    rows = max(math.prod(p.stride), 1) * per_phase + max(offsets)  # margin: the last shift
-    grid = gy.new_zeros(n, *phases, k)
-    grid[(slice(None), *(slice(0, o) for o in out))] = gy.movedim(1, -1)
-    gflat = grid.reshape(per_phase, k)
-    gi = gw = None
-    if mask[1]:
+    stacked_rows = math.prod(p.stride) * per_phase
+    rows = max(stacked_rows, max(offsets) + per_phase)  # a margin for the last shifts
+    if mask[0] or mask[1]:
+        grid = gy.new_zeros(n, *phases, k)
+        grid[(slice(None), *(slice(0, o) for o in out))] = gy.movedim(1, -1)
+        gflat = grid.reshape(per_phase, k)
+    y = gi = gw = None
+    if mask[1] or forward:
         xflat = x.new_zeros(rows, c)
-        xflat[:math.prod(p.stride) * per_phase].view(
+        xflat[:stacked_rows].view(
             *p.stride, n, *phases, c).copy_(_to_phases(x, p, phases))
+    w_taps = w.reshape(k, c_g, -1).permute(2, 0, 1).contiguous()  # [taps, K, C/G]
+    if forward:
+        yflat = x.new_zeros(per_phase, k)
+        for t, off in enumerate(offsets):
+            xs = xflat[off:off + per_phase]
+            for j in range(g):
+                yflat[:, j * k_g:(j + 1) * k_g].addmm_(
+                    xs[:, j * c_g:(j + 1) * c_g], w_taps[t, j * k_g:(j + 1) * k_g].t())
+        y = (yflat.view(n, *phases, k)[(slice(None), *(slice(0, o) for o in out))]
+             .movedim(-1, 1).contiguous())
+    if mask[1]:
         gw_taps = x.new_empty(len(offsets), k, c_g)
         for t, off in enumerate(offsets):
             xs = xflat[off:off + per_phase]
@@ -256,16 +290,15 @@ def _shift(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, p: ConvParams,
                          out=gw_taps[t, j * k_g:(j + 1) * k_g])
         gw = gw_taps.permute(1, 2, 0).reshape(w.shape)
     if mask[0]:
-        w_taps = w.reshape(k, c_g, -1).permute(2, 0, 1).contiguous()  # [taps, K, C/G]
         gil = x.new_zeros(rows, c)
         for t, off in enumerate(offsets):
             target = gil[off:off + per_phase]
             for j in range(g):
                 target[:, j * c_g:(j + 1) * c_g].addmm_(
                     gflat[:, j * k_g:(j + 1) * k_g], w_taps[t, j * k_g:(j + 1) * k_g])
-        stacked = gil[:math.prod(p.stride) * per_phase].view(*p.stride, n, *phases, c)
+        stacked = gil[:stacked_rows].view(*p.stride, n, *phases, c)
         gi = _from_phases(stacked, p, phases, x.shape[2:])
-    return gi, gw
+    return y, gi, gw
 
 
 def _taps(kernel: Sequence[int]) -> list[tuple[int, ...]]:

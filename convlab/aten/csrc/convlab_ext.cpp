@@ -125,9 +125,11 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> slow_conv2d_backward_out(
 
 // One (sample, channel) plane of a depthwise backward, every tap, one pass over
 // grad_output per tap: grad_input gets the scatter-adds w * g at the positions
-// the forward read (never a padding product, as ATen's slow path), acc[t] the
-// sum of g * x over the window of tap t (a padding position adds g * 0, as
-// ATen's zero-padded columns do, so a non-finite g gives NaN there too).
+// the forward read (never a padding product, as ATen's slow path), and
+// acc[t * Wo + ow] the products g * x of tap t in output column ow (a padding
+// position adds g * 0, as ATen's zero-padded columns do, so a non-finite g
+// gives NaN there too). Keeping one partial sum per output column keeps the
+// inner loops free of a reduction, so the compiler vectorises them.
 template <typename T>
 void depthwise_plane(const T* g, const T* x, const T* w, T* gi, T* acc,
                      int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t kh,
@@ -137,37 +139,36 @@ void depthwise_plane(const T* g, const T* x, const T* w, T* gi, T* acc,
     for (int64_t j = 0; j < kw; ++j) {
       const int64_t t = i * kw + j;
       const T wt = w[t];
+      T* a = acc + t * Wo;
       const int64_t off = j * dw - pw;
       // ow with 0 <= ow * sw + off < W
       int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
       int64_t hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / sw + 1;
       lo = std::min(lo, Wo);
       hi = std::max(lo, std::min(hi, Wo));
-      T sum = 0;
       for (int64_t oh = 0; oh < Ho; ++oh) {
         const T* grow = g + oh * Wo;
         const int64_t ih = oh * sh - ph + i * dh;
         if (ih < 0 || ih >= H) {
-          for (int64_t ow = 0; ow < Wo; ++ow) sum += grow[ow] * T(0);
+          for (int64_t ow = 0; ow < Wo; ++ow) a[ow] += grow[ow] * T(0);
           continue;
         }
         const T* xrow = x + ih * W + off;
         T* girow = gi + ih * W + off;
-        for (int64_t ow = 0; ow < lo; ++ow) sum += grow[ow] * T(0);
+        for (int64_t ow = 0; ow < lo; ++ow) a[ow] += grow[ow] * T(0);
         if (sw == 1) {
           for (int64_t ow = lo; ow < hi; ++ow) {
             girow[ow] += wt * grow[ow];
-            sum += grow[ow] * xrow[ow];
+            a[ow] += grow[ow] * xrow[ow];
           }
         } else {
           for (int64_t ow = lo; ow < hi; ++ow) {
             girow[ow * sw] += wt * grow[ow];
-            sum += grow[ow] * xrow[ow * sw];
+            a[ow] += grow[ow] * xrow[ow * sw];
           }
         }
-        for (int64_t ow = hi; ow < Wo; ++ow) sum += grow[ow] * T(0);
+        for (int64_t ow = hi; ow < Wo; ++ow) a[ow] += grow[ow] * T(0);
       }
-      acc[t] += sum;
     }
   }
 }
@@ -206,13 +207,20 @@ std::tuple<at::Tensor, at::Tensor> depthwise2d_backward(
     scalar_t* gip = gi.data_ptr<scalar_t>();
     scalar_t* gwp = gw.data_ptr<scalar_t>();
     at::parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> acc(kh * kw * Wo);
       for (int64_t c = begin; c < end; ++c) {
+        std::fill(acc.begin(), acc.end(), scalar_t(0));
         for (int64_t n = 0; n < N; ++n) {
           depthwise_plane<scalar_t>(
               gp + (n * C + c) * Ho * Wo, xp + (n * C + c) * H * W,
-              wp + c * kh * kw, gip + (n * C + c) * H * W, gwp + c * kh * kw,
-              H, W, Ho, Wo, kh, kw, stride[0], stride[1], padding[0],
-              padding[1], dilation[0], dilation[1]);
+              wp + c * kh * kw, gip + (n * C + c) * H * W, acc.data(), H, W,
+              Ho, Wo, kh, kw, stride[0], stride[1], padding[0], padding[1],
+              dilation[0], dilation[1]);
+        }
+        for (int64_t t = 0; t < kh * kw; ++t) {
+          scalar_t sum = 0;
+          for (int64_t ow = 0; ow < Wo; ++ow) sum += acc[t * Wo + ow];
+          gwp[c * kh * kw + t] = sum;
         }
       }
     });

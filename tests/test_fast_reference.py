@@ -53,7 +53,7 @@ def forms_for(x: torch.Tensor, w: torch.Tensor, args) -> list[str | None]:
     ok: list[str | None] = [None]
     for form in ("shift", "im2col", "depthwise"):
         try:
-            fast._check_form(form, x, w, ConvParams.for_tensors(x, w, None, *args))
+            fast.check_form(form, x, w, ConvParams.for_tensors(x, w, None, *args))
         except ValueError:
             continue
         ok.append(form)

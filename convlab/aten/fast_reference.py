@@ -45,7 +45,8 @@ from convlab.aten import cpu_cache, extension
 from convlab.scratch import reference
 from convlab.scratch.params import ConvParams, IntOrSeq, check_output_mask
 
-__all__ = ["SHIFT_MIN_CHANNELS", "SHIFT_MAX_OVERHEAD", "choose_form", "convolution_backward"]
+__all__ = ["SHIFT_MAX_OVERHEAD", "SHIFT_MIN_CHANNELS", "check_form", "choose_form",
+           "convolution_backward"]
 
 Form = Literal["shift", "im2col", "depthwise"]
 Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
@@ -140,7 +141,7 @@ def convolution_backward(
                                                   p.transposed):
             form = "im2col"
     else:
-        _check_form(form, input, weight, p)
+        check_form(form, input, weight, p)
     if form == "im2col":
         return reference.convolution_backward(
             grad_output, input, weight, bias_sizes, *args, list(mask),
@@ -159,7 +160,7 @@ def convolution_backward(
     return (gi if mask[0] else None), (gw if mask[1] else None), gb
 
 
-def _check_form(form: object, x: torch.Tensor, w: torch.Tensor, p: ConvParams) -> None:
+def check_form(form: object, x: torch.Tensor, w: torch.Tensor, p: ConvParams) -> None:
     """A forced ``form`` must be one this call's shapes allow (values are not checked)."""
     if form not in ("shift", "im2col", "depthwise"):
         raise ValueError(f"form must be 'shift', 'im2col', 'depthwise' or None, got {form!r}")

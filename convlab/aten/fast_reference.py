@@ -19,8 +19,9 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
   roles of the normal one it transposes: its grad_input is that convolution's forward
   (``Y[:] += X[o_t:] @ W_t^T`` per tap), its grad_weight that convolution's grad_weight.
 * ``"im2col"``: :func:`convlab.scratch.reference.convolution_backward` with its column
-  chunks sized to the L2 cache (:func:`convlab.aten.cpu_cache.l2_cache_bytes`), so each
-  GEMM reads columns the im2col has just written while they are still in cache.
+  chunks sized by the L2 cache (``L2_PER_CHUNK`` times
+  :func:`convlab.aten.cpu_cache.l2_cache_bytes`), so each GEMM reads columns the im2col
+  has just written from a near cache, scaled to the machine instead of a constant.
 * ``"depthwise"``: one fused pass of a small C++ loop in convlab's extension
   (``torch.ops.convlab_ext.depthwise2d_backward``: per channel and sample, every tap
   scatter-adds into grad_input and sums into grad_weight while the planes sit in L1).
@@ -51,12 +52,15 @@ __all__ = ["SHIFT_MAX_OVERHEAD", "SHIFT_MIN_CHANNELS", "check_form", "choose_for
 Form = Literal["shift", "im2col", "depthwise"]
 Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
 
-# Fitted on the suite layers (see choose_form): below this many channels per group (in
-# and out) the shift form's GEMMs are too thin to beat im2col's one deep GEMM.
+# Fitted on the suite layers (see choose_form): below this many channels (in and out) the
+# shift form's GEMMs are too thin to beat im2col's one deep GEMM.
 SHIFT_MIN_CHANNELS = 16
-# Above this ratio of padded grid to output positions the wasted multiply-adds of the
-# shift form's margin cost more than im2col's copies.
-SHIFT_MAX_OVERHEAD = 1.5
+# Above this ratio of grid to output positions the wasted multiply-adds of the shift
+# form's margin cost more than im2col's copies save.
+SHIFT_MAX_OVERHEAD = 1.2
+# The im2col form's column budget, in L2 caches: one L2 per chunk made the batch's GEMMs
+# so small and so many that it ran 1.2-1.4x slower than four (see choose_form).
+L2_PER_CHUNK = 4
 _FAST_DTYPES = (torch.float32, torch.float64)
 
 
@@ -66,15 +70,19 @@ def choose_form(
 ) -> Form:
     """Which form :func:`convolution_backward` runs for this call (values not looked at).
 
-    Compares: channels per group ``C/G`` and ``K/G`` against ``SHIFT_MIN_CHANNELS`` (the
-    shift form's GEMMs have ``C/G`` or ``K/G`` as their small dimension), and the shift
-    form's extra work ``prod(padded) / prod(out)`` against ``SHIFT_MAX_OVERHEAD``.
+    Shift when: one group, stride 1, not transposed, ``C`` and ``K`` at least
+    ``SHIFT_MIN_CHANNELS`` (the shift GEMMs have ``C`` or ``K`` as their small dimension),
+    and the extra work ``prod(grid) / prod(out)`` at most ``SHIFT_MAX_OVERHEAD``. Depthwise
+    2-d float32/float64 with one output per channel: the fused C++ loop. Else im2col.
 
-    Measured crossover (Xeon, AVX-512, 2 MiB L2, 1 and 2 threads, float32): the shift form
-    wins on every stride-1 layer of the suite with 64-256 channels (ResNet-like, dilated,
-    grouped with 32 per group, 1-d and 3-d) and loses on the 3-channel stem, where im2col's
-    single GEMM with inner dimension ``C*k = 75`` beats 25 GEMMs of inner dimension 3.
-    Depthwise 2-d float32/float64 with one output per channel goes to the fused C++ loop.
+    Measured here (Xeon, AVX-512, 2 MiB L2, float32, shift time / im2col time at 1 and 2
+    threads; noisy shared machine, A/A band about 0.2): the 3x3 layer with 64 channels at
+    28x28 (overhead 1.15) 0.83 / 0.86 and 1-d (1.01) 1.01 / 0.82: shift wins; resnet14
+    (1.31) 1.05 / 0.97 and dilated (1.31) 1.05 / 0.89: a tie; conv3d (1.42) 1.17 / 1.15,
+    stride 2 1.29 / 1.07, 4 groups 1.46 / 1.42, transposed 1.22 / 1.19 and the 3-channel
+    stem 2.5 / 2.0: im2col wins. So the crossover in overhead lies between 1.15 and 1.31
+    (the rule takes 1.2), and groups, strides and transposition (more, thinner GEMMs per
+    tap) stay with im2col.
     """
     dim = len(input_shape) - 2
     c_g, k_g = weight_shape[1], weight_shape[0] // p.groups
@@ -84,7 +92,8 @@ def choose_form(
         if dim == 2 and k_g == 1 and not p.transposed:
             return "depthwise"
         return "im2col"
-    if min(c_g, k_g) < SHIFT_MIN_CHANNELS:
+    if (p.groups > 1 or p.transposed or any(s != 1 for s in p.stride)
+            or min(c_g, k_g) < SHIFT_MIN_CHANNELS):
         return "im2col"
     x_size, out = _normal_roles(input_shape, weight_shape, p)
     grid = _phases(x_size, p)
@@ -145,7 +154,7 @@ def convolution_backward(
     if form == "im2col":
         return reference.convolution_backward(
             grad_output, input, weight, bias_sizes, *args, list(mask),
-            chunk_bytes=cpu_cache.l2_cache_bytes())
+            chunk_bytes=L2_PER_CHUNK * cpu_cache.l2_cache_bytes())
     # The reference's argument checks, without its work: an all-False mask computes nothing.
     reference.convolution_backward(grad_output, input, weight, bias_sizes, *args,
                                    [False, False, False])

@@ -131,7 +131,8 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> slow_conv2d_backward_out(
 // gives NaN there too). Keeping one partial sum per output column keeps the
 // inner loops free of a reduction, so the compiler vectorises them.
 template <typename T>
-void depthwise_plane(const T* g, const T* x, const T* w, T* gi, T* acc,
+inline __attribute__((always_inline)) void depthwise_plane(
+    const T* g, const T* x, const T* w, T* gi, T* acc,
                      int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t kh,
                      int64_t kw, int64_t sh, int64_t sw, int64_t ph,
                      int64_t pw, int64_t dh, int64_t dw) {
@@ -173,6 +174,37 @@ void depthwise_plane(const T* g, const T* x, const T* w, T* gi, T* acc,
   }
 }
 
+// The plane loop compiled for AVX2+FMA and for the baseline (x86-64: SSE2);
+// the loader picks the clone this CPU runs (GCC/Clang target_clones), so the
+// build does not depend on the building machine's ISA.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CONVLAB_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define CONVLAB_CLONES
+#endif
+#define CONVLAB_PLANE_ARGS                                                    \
+  int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t kh, int64_t kw,       \
+      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw
+CONVLAB_CLONES void plane_float(const float* g, const float* x, const float* w,
+                                float* gi, float* acc, CONVLAB_PLANE_ARGS) {
+  depthwise_plane<float>(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw,
+                         dh, dw);
+}
+CONVLAB_CLONES void plane_double(const double* g, const double* x,
+                                 const double* w, double* gi, double* acc,
+                                 CONVLAB_PLANE_ARGS) {
+  depthwise_plane<double>(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph,
+                          pw, dh, dw);
+}
+inline void plane(const float* g, const float* x, const float* w, float* gi,
+                  float* acc, CONVLAB_PLANE_ARGS) {
+  plane_float(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+inline void plane(const double* g, const double* x, const double* w,
+                  double* gi, double* acc, CONVLAB_PLANE_ARGS) {
+  plane_double(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
 // The backward of a 2-d depthwise convolution (weight [C, 1, kh, kw], groups =
 // C) in one pass: (grad_input, grad_weight). Threads split the channels, so
 // each grad_weight entry is summed by one thread in a fixed order.
@@ -211,7 +243,7 @@ std::tuple<at::Tensor, at::Tensor> depthwise2d_backward(
       for (int64_t c = begin; c < end; ++c) {
         std::fill(acc.begin(), acc.end(), scalar_t(0));
         for (int64_t n = 0; n < N; ++n) {
-          depthwise_plane<scalar_t>(
+          plane(
               gp + (n * C + c) * Ho * Wo, xp + (n * C + c) * H * W,
               wp + c * kh * kw, gip + (n * C + c) * H * W, acc.data(), H, W,
               Ho, Wo, kh, kw, stride[0], stride[1], padding[0], padding[1],

@@ -38,6 +38,15 @@ def test_fallback_without_a_readable_l2(tmp_path: Path, caches) -> None:
     assert cpu_cache.l2_cache_bytes(root, fallback=12345) == 12345
 
 
+def test_the_answer_is_read_once_per_folder(tmp_path: Path) -> None:
+    root = fake_sysfs(tmp_path, [("2", "Unified", "256K")])
+    assert cpu_cache.l2_cache_bytes(root) == 256 * 1024
+    (root / "index0" / "size").write_text("512K\n")
+    assert cpu_cache.l2_cache_bytes(root) == 256 * 1024  # cached
+    cpu_cache.l2_cache_bytes.cache_clear()
+    assert cpu_cache.l2_cache_bytes(root) == 512 * 1024
+
+
 def test_a_missing_size_file_is_skipped(tmp_path: Path) -> None:
     root = fake_sysfs(tmp_path, [("2", "Unified", "256K")])
     (root / "index0" / "size").unlink()

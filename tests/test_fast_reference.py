@@ -129,14 +129,14 @@ def test_transposed_in_the_shift_form_matches_aten() -> None:
 
 
 def test_reduced_precision_takes_the_im2col_form() -> None:
-    x = torch.empty(2, 16, 12, 12)
+    x = torch.empty(2, 16, 28, 28)
     p = ConvParams.for_tensors(x, torch.empty(16, 16, 3, 3), None, *_unit(2))
     assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.float32) == "shift"
     assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.bfloat16) == "im2col"
 
 
 def _unit(dim: int):
-    return [1] * dim, [1] * dim, [1] * dim, False, [0] * dim, 1
+    return [1] * dim, [1] * dim, [1] * dim, False, [0] * dim, 1  # padding 1
 
 
 @pytest.mark.parametrize(("where", "value"), [("input", math.inf), ("weight", math.nan)])

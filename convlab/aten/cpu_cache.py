@@ -12,6 +12,7 @@ for one machine either spills or wastes GEMM size on another.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 __all__ = ["FALLBACK_BYTES", "SYSFS_CACHE", "l2_cache_bytes", "parse_size"]
@@ -38,11 +39,14 @@ def parse_size(text: str) -> int:
     return int(number) * _UNITS[unit]
 
 
+@functools.lru_cache(maxsize=8)
 def l2_cache_bytes(root: Path | str = SYSFS_CACHE, fallback: int = FALLBACK_BYTES) -> int:
     """Size in bytes of CPU 0's level-2 data (or unified) cache, from ``root/index*/``.
 
     Returns ``fallback`` when ``root`` does not exist or lists no readable level-2 data or
-    unified cache (an instruction cache never counts).
+    unified cache (an instruction cache never counts). Read once per ``root`` and cached:
+    a backward asks on every call, and a dozen sysfs reads cost about as much as a small
+    layer's GEMM.
     """
     if not isinstance(fallback, int) or fallback <= 0:
         raise ValueError(f"fallback must be a positive int, got {fallback!r}")

@@ -142,7 +142,7 @@ def _unit(dim: int):
 @pytest.mark.parametrize(("where", "value"), [("input", math.inf), ("weight", math.nan)])
 def test_non_finite_values_leave_the_shift_form_and_match_the_simple_form(
         where: str, value: float) -> None:
-    gy, x, w, args = tensors((2, 16, 12, 12), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    gy, x, w, args = tensors((2, 16, 28, 28), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1)
     (x if where == "input" else w)[0, 3, 2, 2] = value
     p = ConvParams.for_tensors(x, w, None, *args)
     assert fast.choose_form(x.shape, w.shape, p, F64) == "shift"  # shapes alone say shift

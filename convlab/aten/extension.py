@@ -300,6 +300,10 @@ def _build(verbose: bool) -> NativeExtension:
             [str(SOURCE)],
             build_directory=str(folder),
             is_python_module=False,
+            # the depthwise loop: -O3 vectorises it; at::parallel_for splits it over
+            # torch's threads only when compiled with OpenMP (else it runs serially)
+            extra_cflags=["-O3", "-fopenmp"],
+            extra_ldflags=["-fopenmp"],
             verbose=verbose,
         )
     library = folder / f"{NAME}{LIB_EXT}"

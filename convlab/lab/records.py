@@ -58,6 +58,8 @@ SECTIONS: dict[str, str] = {
     "suite": "convlab.lab.suite:record",
     "roofline": "convlab.lab.roofline:record",
     "peers": "convlab.lab.peers:record",
+    # the from-scratch backward, simple and fast (optional in older records)
+    "reference_speed": "convlab.lab.reference_speed:record",
     "per_sample": "convlab.lab.per_sample_timing:record",
     "numerics": "convlab.lab.numerics:record",
     # each claim of the book checked under this setting (optional in older records)

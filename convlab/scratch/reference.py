@@ -90,10 +90,12 @@ def _weight_matrix(w: torch.Tensor, groups: int) -> torch.Tensor:
 CHUNK_BYTES = 8 * 2**20
 
 
-def _chunks(n: int, sample_bytes: int) -> list[slice]:
+def _chunks(n: int, sample_bytes: int, limit: int | None = None) -> list[slice]:
     """As few batch slices as possible, of about equal size (at least one sample each),
-    whose columns take at most ``CHUNK_BYTES`` (``sample_bytes`` per sample); one for N = 0."""
-    most = max(1, CHUNK_BYTES // max(1, sample_bytes))
+    whose columns take at most ``limit`` bytes (default ``CHUNK_BYTES``; ``sample_bytes``
+    per sample); one for N = 0."""
+    limit = CHUNK_BYTES if limit is None else limit
+    most = max(1, limit // max(1, sample_bytes))
     step = max(1, math.ceil(n / max(1, math.ceil(n / most))))
     return [slice(i, i + step) for i in range(0, max(n, 1), step)]
 
@@ -106,6 +108,7 @@ def _is_depthwise(w: torch.Tensor, groups: int) -> bool:
 def _column_gemms(
     x: torch.Tensor, kernel: Sequence[int], out_size: Sequence[int], p: ConvParams,
     w: torch.Tensor | None = None, gy: torch.Tensor | None = None,
+    chunk_bytes: int | None = None,
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """The GEMMs that read the columns ``X = im2col(x)``, made chunk by chunk: the forward
     ``W @ X`` ``[N, K, *out_size]`` if ``w`` is given, the weight gradient ``dY @ Xᵀ``
@@ -113,7 +116,7 @@ def _column_gemms(
     sample_bytes = x.shape[1] * math.prod(kernel) * math.prod(out_size) * x.element_size()
     w_mat = None if w is None else _weight_matrix(w, p.groups)  # once: it may be a copy
     ys, gw = [], None
-    for s in _chunks(x.shape[0], sample_bytes):
+    for s in _chunks(x.shape[0], sample_bytes, chunk_bytes):
         cols = im2col(x[s], kernel, out_size, p.stride, p.padding, p.dilation, p.groups)
         if w_mat is not None:
             y = torch.matmul(w_mat, cols)  # [G, K/G, n*L]
@@ -128,30 +131,34 @@ def _column_gemms(
 
 
 def _forward(
-    x: torch.Tensor, w: torch.Tensor, out_size: Sequence[int], p: ConvParams
+    x: torch.Tensor, w: torch.Tensor, out_size: Sequence[int], p: ConvParams,
+    chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """Normal convolution ``[N, C, *S] -> [N, K, *out_size]``; ``out_size`` may be smaller
     than the full output (then only the first positions are computed)."""
     if _is_depthwise(w, p.groups):
         return _depthwise_forward(x, w, out_size, p)
-    y, _ = _column_gemms(x, w.shape[2:], out_size, p, w=w)
+    y, _ = _column_gemms(x, w.shape[2:], out_size, p, w=w, chunk_bytes=chunk_bytes)
     assert y is not None
     return y
 
 
 def _grad_weight(
-    gy: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], p: ConvParams
+    gy: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], p: ConvParams,
+    chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """Weight gradient ``[K, C/G, *k]`` of a normal conv for ``gy`` ``[N, K, *O]``."""
     if p.groups > 1 and weight_shape[1] == 1:
         return _depthwise_grad_weight(gy, x, weight_shape, p)
-    _, gw = _column_gemms(x, weight_shape[2:], gy.shape[2:], p, gy=gy)
+    _, gw = _column_gemms(x, weight_shape[2:], gy.shape[2:], p, gy=gy,
+                          chunk_bytes=chunk_bytes)
     assert gw is not None
     return gw.reshape(weight_shape)
 
 
 def _grad_input(
-    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams
+    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams,
+    chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """Input gradient ``[N, C, *S]`` of a normal conv for ``gy`` ``[N, K, *O]``:
     ``col2im(Wᵀ @ dY)``, chunk by chunk. ``O`` may be smaller than the full output size."""
@@ -165,12 +172,12 @@ def _grad_input(
     # every weight, and has no data-dependent branch.
     if (all(s == 1 for s in p.stride) and w.shape[0] <= input_shape[1]
             and _values_readable(w) and bool(torch.isfinite(w).all())):
-        return _grad_input_unit_stride(gy, w, input_shape, p)
+        return _grad_input_unit_stride(gy, w, input_shape, p, chunk_bytes)
     kernel, out_size = w.shape[2:], gy.shape[2:]
     w_t = _weight_matrix(w, p.groups).transpose(1, 2)  # [G, C/G*k, K/G]
     sample_bytes = input_shape[1] * math.prod(kernel) * math.prod(out_size) * gy.element_size()
     parts = []
-    for s in _chunks(gy.shape[0], sample_bytes):
+    for s in _chunks(gy.shape[0], sample_bytes, chunk_bytes):
         chunk = gy[s]
         gcols = torch.matmul(w_t, _as_matrices(chunk, p.groups))  # [G, C/G*k, n*L]
         shape = (chunk.shape[0], *input_shape[1:])
@@ -196,7 +203,8 @@ def _values_readable(t: torch.Tensor) -> bool:
 
 
 def _grad_input_unit_stride(
-    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams
+    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams,
+    chunk_bytes: int | None = None,
 ) -> torch.Tensor:
     """With stride 1, grad_input is itself a convolution (a gather): of ``gy`` padded by
     ``dilation * (k - 1) - padding`` with the flipped kernel, input and output channels
@@ -212,7 +220,7 @@ def _grad_input_unit_stride(
     w_t = (w.reshape(g, c_out // g, c_in_g, *kernel).transpose(1, 2)
            .reshape(g * c_in_g, c_out // g, *kernel).flip(list(range(2, 2 + dim))))
     unit = ConvParams.create(dim, 1, 0, p.dilation, False, 0, g)
-    y, _ = _column_gemms(gy, kernel, size, unit, w=w_t)
+    y, _ = _column_gemms(gy, kernel, size, unit, w=w_t, chunk_bytes=chunk_bytes)
     assert y is not None
     return y
 
@@ -348,6 +356,8 @@ def convolution_backward(
     output_padding: IntOrSeq,
     groups: int,
     output_mask: Mask,
+    *,
+    chunk_bytes: int | None = None,
 ) -> Grads:
     """Gradients of :func:`convolution`, like ATen's ``aten::convolution_backward``.
 
@@ -355,6 +365,8 @@ def convolution_backward(
     ``bias_sizes`` is None, ``[C_out]`` or ``[0]`` (as autograd passes it when there is no
     bias) and only checked. Returns ``(grad_input, grad_weight, grad_bias)`` with the shapes
     of input, weight and ``[C_out]``; an output whose ``output_mask`` entry is False is None.
+    ``chunk_bytes`` (keyword only, not in ATen's signature) bounds each chunk's columns
+    (default ``CHUNK_BYTES``; :mod:`convlab.aten.fast_reference` passes the L2 size).
 
     >>> x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     >>> gy = torch.randn(2, 4, 6, 6)
@@ -374,6 +386,9 @@ def convolution_backward(
             f"output_padding={p.output_padding} is only supported for transposed convolutions"
         )
     mask = check_output_mask(output_mask)
+    if chunk_bytes is not None and (not isinstance(chunk_bytes, int) or chunk_bytes < 1):
+        raise ValueError(f"chunk_bytes must be a positive int or None, got {chunk_bytes!r}")
+    cb = chunk_bytes
     out_channels = grad_output.shape[1]
     check_bias_sizes(bias_sizes, out_channels)
 
@@ -383,19 +398,19 @@ def convolution_backward(
         # gradients read the columns of grad_output: one pass makes them once.
         grad_input, grad_weight = _column_gemms(
             grad_output, weight.shape[2:], input.shape[2:], p,
-            w=weight if mask[0] else None, gy=input if mask[1] else None)
+            w=weight if mask[0] else None, gy=input if mask[1] else None, chunk_bytes=cb)
         if grad_weight is not None:
             grad_weight = grad_weight.reshape(weight.shape)
     elif p.transposed:
         if mask[0]:
-            grad_input = _forward(grad_output, weight, input.shape[2:], p)
+            grad_input = _forward(grad_output, weight, input.shape[2:], p, cb)
         if mask[1]:
-            grad_weight = _grad_weight(input, grad_output, weight.shape, p)
+            grad_weight = _grad_weight(input, grad_output, weight.shape, p, cb)
     else:
         if mask[0]:
-            grad_input = _grad_input(grad_output, weight, input.shape, p)
+            grad_input = _grad_input(grad_output, weight, input.shape, p, cb)
         if mask[1]:
-            grad_weight = _grad_weight(grad_output, input, weight.shape, p)
+            grad_weight = _grad_weight(grad_output, input, weight.shape, p, cb)
     if mask[2]:
         grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
     return grad_input, grad_weight, grad_bias

@@ -10,13 +10,21 @@
 // at::_slow_conv2d_backward_out go through the dispatcher, which picks the CPU
 // or CUDA (cuDNN, ...) implementation from the tensors' device. No CUDA code is
 // compiled here.
+//
+// depthwise2d_backward is convlab's own CPU loop (no ATen conv kernel): the
+// fused one-pass backward of a 2-d depthwise convolution that
+// convlab.aten.fast_reference uses.
 
+#include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
+#include <ATen/Parallel.h>
+#include <ATen/ops/zeros_like.h>
 #include <ATen/ops/_slow_conv2d_backward.h>
 #include <ATen/ops/convolution_backward.h>
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <array>
 #include <tuple>
 #include <utility>
@@ -115,6 +123,143 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> slow_conv2d_backward_out(
   return std::forward_as_tuple(grad_input, grad_weight, grad_bias);
 }
 
+// One (sample, channel) plane of a depthwise backward, every tap, one pass over
+// grad_output per tap: grad_input gets the scatter-adds w * g at the positions
+// the forward read (never a padding product, as ATen's slow path), and
+// acc[t * Wo + ow] the products g * x of tap t in output column ow (a padding
+// position adds g * 0, as ATen's zero-padded columns do, so a non-finite g
+// gives NaN there too). Keeping one partial sum per output column keeps the
+// inner loops free of a reduction, so the compiler vectorises them.
+template <typename T>
+inline __attribute__((always_inline)) void depthwise_plane(
+    const T* g, const T* x, const T* w, T* gi, T* acc,
+                     int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t kh,
+                     int64_t kw, int64_t sh, int64_t sw, int64_t ph,
+                     int64_t pw, int64_t dh, int64_t dw) {
+  for (int64_t i = 0; i < kh; ++i) {
+    for (int64_t j = 0; j < kw; ++j) {
+      const int64_t t = i * kw + j;
+      const T wt = w[t];
+      T* a = acc + t * Wo;
+      const int64_t off = j * dw - pw;
+      // ow with 0 <= ow * sw + off < W
+      int64_t lo = off >= 0 ? 0 : (-off + sw - 1) / sw;
+      int64_t hi = W - 1 - off < 0 ? 0 : (W - 1 - off) / sw + 1;
+      lo = std::min(lo, Wo);
+      hi = std::max(lo, std::min(hi, Wo));
+      for (int64_t oh = 0; oh < Ho; ++oh) {
+        const T* grow = g + oh * Wo;
+        const int64_t ih = oh * sh - ph + i * dh;
+        if (ih < 0 || ih >= H) {
+          for (int64_t ow = 0; ow < Wo; ++ow) a[ow] += grow[ow] * T(0);
+          continue;
+        }
+        const T* xrow = x + ih * W + off;
+        T* girow = gi + ih * W + off;
+        for (int64_t ow = 0; ow < lo; ++ow) a[ow] += grow[ow] * T(0);
+        if (sw == 1) {
+          for (int64_t ow = lo; ow < hi; ++ow) {
+            girow[ow] += wt * grow[ow];
+            a[ow] += grow[ow] * xrow[ow];
+          }
+        } else {
+          for (int64_t ow = lo; ow < hi; ++ow) {
+            girow[ow * sw] += wt * grow[ow];
+            a[ow] += grow[ow] * xrow[ow * sw];
+          }
+        }
+        for (int64_t ow = hi; ow < Wo; ++ow) a[ow] += grow[ow] * T(0);
+      }
+    }
+  }
+}
+
+// The plane loop compiled for AVX2+FMA and for the baseline (x86-64: SSE2);
+// the loader picks the clone this CPU runs (GCC/Clang target_clones), so the
+// build does not depend on the building machine's ISA.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define CONVLAB_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#else
+#define CONVLAB_CLONES
+#endif
+#define CONVLAB_PLANE_ARGS                                                    \
+  int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t kh, int64_t kw,       \
+      int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw
+CONVLAB_CLONES void plane_float(const float* g, const float* x, const float* w,
+                                float* gi, float* acc, CONVLAB_PLANE_ARGS) {
+  depthwise_plane<float>(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw,
+                         dh, dw);
+}
+CONVLAB_CLONES void plane_double(const double* g, const double* x,
+                                 const double* w, double* gi, double* acc,
+                                 CONVLAB_PLANE_ARGS) {
+  depthwise_plane<double>(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph,
+                          pw, dh, dw);
+}
+inline void plane(const float* g, const float* x, const float* w, float* gi,
+                  float* acc, CONVLAB_PLANE_ARGS) {
+  plane_float(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+inline void plane(const double* g, const double* x, const double* w,
+                  double* gi, double* acc, CONVLAB_PLANE_ARGS) {
+  plane_double(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw);
+}
+
+// The backward of a 2-d depthwise convolution (weight [C, 1, kh, kw], groups =
+// C) in one pass: (grad_input, grad_weight). Threads split the channels, so
+// each grad_weight entry is summed by one thread in a fixed order.
+std::tuple<at::Tensor, at::Tensor> depthwise2d_backward(
+    const at::Tensor& grad_output_, const at::Tensor& input_,
+    const at::Tensor& weight_, at::IntArrayRef stride,
+    at::IntArrayRef padding, at::IntArrayRef dilation) {
+  TORCH_CHECK(input_.dim() == 4 && weight_.dim() == 4 &&
+                  grad_output_.dim() == 4,
+              "depthwise2d_backward: grad_output, input and weight must be "
+              "4-d");
+  TORCH_CHECK(stride.size() == 2 && padding.size() == 2 && dilation.size() == 2,
+              "depthwise2d_backward: stride, padding and dilation need 2 "
+              "values each");
+  TORCH_CHECK(input_.device().is_cpu(), "depthwise2d_backward: CPU only");
+  const auto go = grad_output_.contiguous();
+  const auto x = input_.contiguous();
+  const auto w = weight_.contiguous();
+  const int64_t N = x.size(0), C = x.size(1), H = x.size(2), W = x.size(3);
+  const int64_t kh = w.size(2), kw = w.size(3);
+  const int64_t Ho = go.size(2), Wo = go.size(3);
+  TORCH_CHECK(w.size(0) == C && w.size(1) == 1 && go.size(0) == N &&
+                  go.size(1) == C,
+              "depthwise2d_backward: need weight [C, 1, kh, kw] and "
+              "grad_output [N, C, Ho, Wo] for input [N, C, H, W]");
+  auto gi = at::zeros_like(x);
+  auto gw = at::zeros_like(w);
+  AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "depthwise2d_backward", [&] {
+    const scalar_t* gp = go.const_data_ptr<scalar_t>();
+    const scalar_t* xp = x.const_data_ptr<scalar_t>();
+    const scalar_t* wp = w.const_data_ptr<scalar_t>();
+    scalar_t* gip = gi.data_ptr<scalar_t>();
+    scalar_t* gwp = gw.data_ptr<scalar_t>();
+    at::parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
+      std::vector<scalar_t> acc(kh * kw * Wo);
+      for (int64_t c = begin; c < end; ++c) {
+        std::fill(acc.begin(), acc.end(), scalar_t(0));
+        for (int64_t n = 0; n < N; ++n) {
+          plane(
+              gp + (n * C + c) * Ho * Wo, xp + (n * C + c) * H * W,
+              wp + c * kh * kw, gip + (n * C + c) * H * W, acc.data(), H, W,
+              Ho, Wo, kh, kw, stride[0], stride[1], padding[0], padding[1],
+              dilation[0], dilation[1]);
+        }
+        for (int64_t t = 0; t < kh * kw; ++t) {
+          scalar_t sum = 0;
+          for (int64_t ow = 0; ow < Wo; ++ow) sum += acc[t * Wo + ow];
+          gwp[c * kh * kw + t] = sum;
+        }
+      }
+    });
+  });
+  return std::make_tuple(gi, gw);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(convlab_ext, m) {
@@ -130,4 +275,8 @@ TORCH_LIBRARY(convlab_ext, m) {
       "Tensor input, Tensor weight, int[2] kernel_size, int[2] stride, "
       "int[2] padding) -> (Tensor(a!), Tensor(b!), Tensor(c!))",
       &slow_conv2d_backward_out);
+  m.def(
+      "depthwise2d_backward(Tensor grad_output, Tensor input, Tensor weight, "
+      "int[2] stride, int[2] padding, int[2] dilation) -> (Tensor, Tensor)",
+      &depthwise2d_backward);
 }

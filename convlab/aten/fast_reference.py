@@ -1,0 +1,316 @@
+"""The from-scratch backward at the speed of ATen's C++: same maths, less data movement.
+
+:func:`convolution_backward` has the signature and return tuple of
+:func:`convlab.scratch.reference.convolution_backward` (ATen's ``convolution_backward``)
+and gives the same gradients (tests compare both, and ATen, in float64). It differs only
+in how data moves; :func:`choose_form` picks one of three forms per call:
+
+* ``"shift"``: channels-last **shift-and-accumulate** (kn2row), no column buffer. The
+  input is copied once to channels-last, zero-padded, with the batch stacked as one tall
+  image ``[N * prod(padded), C]``; ``grad_output`` is copied onto the same padded grid
+  (zeros outside the output). With stride 1, kernel tap ``t`` reads the input rows shifted
+  by a fixed offset ``o_t`` (``sum_d tap_d * dilation_d * row_stride_d``); with stride
+  ``s`` the input is first split into its ``prod(s)`` stride phases (``x_pad[s * u + r]``),
+  stacked, and a tap reads one phase at a shift. Either way each tap is one GEMM on two
+  *views*: ``grad_weight[:, :, t] = G^T @ X[o_t:]`` and
+  ``grad_input[o_t:] += G @ W_t`` (an in-place ``addmm_`` on a view). Grid positions
+  outside the output hold zeros, so they add nothing, at the cost of
+  ``prod(grid) / prod(out)`` more multiply-adds. A transposed convolution runs in the
+  roles of the normal one it transposes: its grad_input is that convolution's forward
+  (``Y[:] += X[o_t:] @ W_t^T`` per tap), its grad_weight that convolution's grad_weight.
+* ``"im2col"``: :func:`convlab.scratch.reference.convolution_backward` with its column
+  chunks sized by the L2 cache (``L2_PER_CHUNK`` times
+  :func:`convlab.aten.cpu_cache.l2_cache_bytes`), so each GEMM reads columns the im2col
+  has just written from a near cache, scaled to the machine instead of a constant.
+* ``"depthwise"``: one fused pass of a small C++ loop in convlab's extension
+  (``torch.ops.convlab_ext.depthwise2d_backward``: per channel and sample, every tap
+  scatter-adds into grad_input and sums into grad_weight while the planes sit in L1).
+
+The shift form multiplies zeros that are not padding (the grid's margin) by the weight and
+the input, so it needs both finite (as ATen's scatter col2im adds only real products); like
+the reference's gather form it is an eager-only branch on the values, and traced or
+non-finite calls take the im2col form. Results are not differentiable (the fast form is for
+measuring; the double backward builds on the simple reference).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from convlab.aten import cpu_cache, extension
+from convlab.scratch import reference
+from convlab.scratch.params import ConvParams, IntOrSeq, check_output_mask
+
+__all__ = ["SHIFT_MAX_OVERHEAD", "SHIFT_MIN_CHANNELS", "check_form", "choose_form",
+           "convolution_backward"]
+
+Form = Literal["shift", "im2col", "depthwise"]
+Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
+
+# Fitted on the suite layers (see choose_form): below this many channels (in and out) the
+# shift form's GEMMs are too thin to beat im2col's one deep GEMM.
+SHIFT_MIN_CHANNELS = 16
+# Above this ratio of grid to output positions the wasted multiply-adds of the shift
+# form's margin cost more than im2col's copies save.
+SHIFT_MAX_OVERHEAD = 1.2
+# The im2col form's column budget, in L2 caches: one L2 per chunk made the batch's GEMMs
+# so small and so many that it ran 1.2-1.4x slower than four (see choose_form).
+L2_PER_CHUNK = 4
+_FAST_DTYPES = (torch.float32, torch.float64)
+
+
+def choose_form(
+    input_shape: Sequence[int], weight_shape: Sequence[int], p: ConvParams,
+    dtype: torch.dtype,
+) -> Form:
+    """Which form :func:`convolution_backward` runs for this call (values not looked at).
+
+    Shift when: one group, stride 1, not transposed, ``C`` and ``K`` at least
+    ``SHIFT_MIN_CHANNELS`` (the shift GEMMs have ``C`` or ``K`` as their small dimension),
+    and the extra work ``prod(grid) / prod(out)`` at most ``SHIFT_MAX_OVERHEAD``. Depthwise
+    2-d float32/float64 with one output per channel: the fused C++ loop. Else im2col.
+
+    Measured here (Xeon, AVX-512, 2 MiB L2, float32, shift time / im2col time at 1 and 2
+    threads; noisy shared machine, A/A band about 0.2): the 3x3 layer with 64 channels at
+    28x28 (overhead 1.15) 0.83 / 0.86 and 1-d (1.01) 1.01 / 0.82: shift wins; resnet14
+    (1.31) 1.05 / 0.97 and dilated (1.31) 1.05 / 0.89: a tie; conv3d (1.42) 1.17 / 1.15,
+    stride 2 1.29 / 1.07, 4 groups 1.46 / 1.42, transposed 1.22 / 1.19 and the 3-channel
+    stem 2.5 / 2.0: im2col wins. So the crossover in overhead lies between 1.15 and 1.31
+    (the rule takes 1.2), and groups, strides and transposition (more, thinner GEMMs per
+    tap) stay with im2col.
+    """
+    dim = len(input_shape) - 2
+    c_g, k_g = weight_shape[1], weight_shape[0] // p.groups
+    if dtype not in _FAST_DTYPES:
+        return "im2col"
+    if c_g == 1 and p.groups > 1:
+        if dim == 2 and k_g == 1 and not p.transposed:
+            return "depthwise"
+        return "im2col"
+    if (p.groups > 1 or p.transposed or any(s != 1 for s in p.stride)
+            or min(c_g, k_g) < SHIFT_MIN_CHANNELS):
+        return "im2col"
+    x_size, out = _normal_roles(input_shape, weight_shape, p)
+    grid = _phases(x_size, p)
+    if math.prod(out) == 0 or math.prod(grid) / math.prod(out) > SHIFT_MAX_OVERHEAD:
+        return "im2col"
+    return "shift"
+
+
+def _normal_roles(input_shape: Sequence[int], weight_shape: Sequence[int],
+                  p: ConvParams) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Spatial sizes of the normal convolution's input and output: the call's own for a
+    normal convolution, swapped for a transposed one (its output is the x-space)."""
+    if p.transposed:
+        return tuple(p.output_shape(tuple(input_shape), tuple(weight_shape))[2:]), tuple(
+            input_shape[2:])
+    return tuple(input_shape[2:]), tuple(p.output_size(input_shape[2:], weight_shape[2:]))
+
+
+def convolution_backward(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: Sequence[int] | None,
+    stride: IntOrSeq,
+    padding: IntOrSeq,
+    dilation: IntOrSeq,
+    transposed: bool,
+    output_padding: IntOrSeq,
+    groups: int,
+    output_mask: Sequence[bool],
+    *,
+    form: Form | None = None,
+) -> Grads:
+    """:func:`convlab.scratch.reference.convolution_backward`, fast (module docstring).
+
+    Shapes and returns as there: ``(grad_input, grad_weight, grad_bias)``, None where
+    ``output_mask`` is False. Not differentiable (runs under ``torch.no_grad``).
+    ``form`` (keyword only) forces a form instead of :func:`choose_form`'s, for measuring
+    the crossover; a form that cannot serve the call raises ``ValueError``.
+
+    >>> x, w = torch.randn(2, 16, 8, 8), torch.randn(16, 16, 3, 3)
+    >>> gi, gw, gb = convolution_backward(
+    ...     torch.randn(2, 16, 8, 8), x, w, [16], [1, 1], [1, 1], [1, 1], False,
+    ...     [0, 0], 1, [True, True, True])
+    >>> gi.shape, gw.shape
+    (torch.Size([2, 16, 8, 8]), torch.Size([16, 16, 3, 3]))
+    """
+    args = (stride, padding, dilation, transposed, output_padding, groups)
+    p = ConvParams.for_tensors(input, weight, None, *args)
+    mask = check_output_mask(output_mask)
+    if form is None:
+        form = choose_form(input.shape, weight.shape, p, input.dtype)
+        if form != "im2col" and not _fast_allowed(grad_output, input, weight, form, mask,
+                                                  p.transposed):
+            form = "im2col"
+    else:
+        check_form(form, input, weight, p)
+    if form == "im2col":
+        return reference.convolution_backward(
+            grad_output, input, weight, bias_sizes, *args, list(mask),
+            chunk_bytes=L2_PER_CHUNK * cpu_cache.l2_cache_bytes())
+    # The reference's argument checks, without its work: an all-False mask computes nothing.
+    reference.convolution_backward(grad_output, input, weight, bias_sizes, *args,
+                                   [False, False, False])
+    with torch.no_grad():
+        if form == "depthwise":
+            gi, gw = _depthwise(grad_output, input, weight, p)
+        elif p.transposed:  # normal roles: x is grad_output, the output gradient is input
+            gi, _, gw = _shift(input, grad_output, weight, p, (False, mask[1]), mask[0])
+        else:
+            _, gi, gw = _shift(grad_output, input, weight, p, mask[:2])
+        gb = grad_output.sum([0, *range(2, grad_output.dim())]) if mask[2] else None
+    return (gi if mask[0] else None), (gw if mask[1] else None), gb
+
+
+def check_form(form: object, x: torch.Tensor, w: torch.Tensor, p: ConvParams) -> None:
+    """A forced ``form`` must be one this call's shapes allow (values are not checked)."""
+    if form not in ("shift", "im2col", "depthwise"):
+        raise ValueError(f"form must be 'shift', 'im2col', 'depthwise' or None, got {form!r}")
+    depthwise = p.groups > 1 and w.shape[1] == 1
+    if form == "depthwise" and not (depthwise and p.dim == 2 and w.shape[0] == x.shape[1]
+                                    and not p.transposed and x.dtype in _FAST_DTYPES):
+        raise ValueError("form='depthwise' needs a 2-d float32/float64 depthwise "
+                         "convolution with one output channel per input channel")
+    if form == "shift" and depthwise:
+        raise ValueError("form='shift' needs more than one input channel per group")
+
+
+def _fast_allowed(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, form: Form,
+                  mask: tuple[bool, bool, bool], transposed: bool) -> bool:
+    """Plain eager CPU tensors of one dtype, no autograd needed; for the shift form, finite
+    weight (grad_input) and input (grad_weight) values (module docstring)."""
+    tensors = (gy, x, w)
+    if any(type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad
+           or t.dtype != x.dtype for t in tensors):
+        return False
+    if form == "depthwise":
+        return True
+    if torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling():
+        return False
+    if torch._C._functorch.is_functorch_wrapped_tensor(x):
+        return False
+    if transposed:  # its grad_input is a forward (ATen's products), grad_weight reads gy
+        return not mask[1] or bool(torch.isfinite(gy).all())
+    return ((not mask[0] or bool(torch.isfinite(w).all()))
+            and (not mask[1] or bool(torch.isfinite(x).all())))
+
+
+def _depthwise(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,
+               p: ConvParams) -> tuple[torch.Tensor, torch.Tensor]:
+    ops = extension.load().ops
+    gi, gw = ops.depthwise2d_backward(gy, x, w, list(p.stride), list(p.padding),
+                                      list(p.dilation))
+    return gi, gw
+
+
+def _phases(size: Sequence[int], p: ConvParams) -> list[int]:
+    """Per dimension, the length ``U`` of each stride phase of the padded input
+    (``ceil((S + 2 * padding) / stride)``): the shift form's grid."""
+    return [-(-(s + 2 * q) // st) for s, q, st in zip(size, p.padding, p.stride, strict=True)]
+
+
+def _to_phases(t: torch.Tensor, p: ConvParams, phases: Sequence[int]) -> torch.Tensor:
+    """``[N, C, *S]`` -> ``[prod(stride), N, *U, C]`` (one copy): zero-padded, each stride
+    phase ``t_pad[..., stride * u + r]`` as its own channels-last image."""
+    n, c, dim = t.shape[0], t.shape[1], p.dim
+    pads = []
+    for s, q, st, u in zip(t.shape[2:], p.padding, p.stride, phases, strict=True):
+        pads.append((q, u * st - s - q))
+    t = torch.nn.functional.pad(t, [v for pair in reversed(pads) for v in pair])
+    split = t.reshape(n, c, *(v for u, st in zip(phases, p.stride, strict=True)
+                              for v in (u, st)))
+    order = [3 + 2 * d for d in range(dim)] + [0] + [2 + 2 * d for d in range(dim)] + [1]
+    return split.permute(order)
+
+
+def _from_phases(t: torch.Tensor, p: ConvParams, phases: Sequence[int],
+                 size: Sequence[int]) -> torch.Tensor:
+    """The inverse of :func:`_to_phases`, cropped to ``size`` (one copy)."""
+    dim = p.dim
+    n, c = t.shape[dim], t.shape[-1]
+    order = [dim, 2 * dim + 1] + [v for d in range(dim) for v in (dim + 1 + d, d)]
+    full = t.permute(order).reshape(n, c, *(u * st for u, st in
+                                            zip(phases, p.stride, strict=True)))
+    crop = tuple(slice(q, q + s) for q, s in zip(p.padding, size, strict=True))
+    return full[(slice(None), slice(None), *crop)].contiguous()
+
+
+def _shift(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, p: ConvParams,
+           mask: Sequence[bool], forward: bool = False) -> tuple[torch.Tensor | None, ...]:
+    """The shift-and-accumulate form (N-d, groups, any stride): module docstring.
+
+    In normal-convolution roles (``p.transposed`` is ignored): ``x`` ``[N, C, *S]``, ``w``
+    ``[K, C/G, *k]``, ``gy`` ``[N, K, *O]`` (only its shape is read when ``mask`` is all
+    False). Returns ``(y, grad_input, grad_weight)``: the forward ``[N, K, *O]`` if
+    ``forward``, the gradients where ``mask`` asks for them, else None.
+
+    With stride ``s``, tap ``t`` reads ``x_pad[s * o + t * dilation]``: write
+    ``t * dilation = s * q + r``; it reads phase ``r`` (``x_pad[s * u + r]``) at ``o + q``,
+    a stride-1 shift. All phases are stacked in one tall channels-last matrix, so each tap
+    is still one GEMM on views.
+    """
+    n, c = x.shape[:2]
+    k, g = w.shape[0], p.groups
+    c_g, k_g = c // g, k // g
+    kernel, out = w.shape[2:], gy.shape[2:]
+    phases = _phases(x.shape[2:], p)
+    per_phase = n * math.prod(phases)
+    row_stride = [math.prod(phases[d + 1:]) for d in range(p.dim)]
+    phase_stride = [math.prod(p.stride[d + 1:]) for d in range(p.dim)]
+    offsets = []
+    for tap in _taps(kernel):
+        qr = [divmod(t * d, st) for t, d, st in zip(tap, p.dilation, p.stride, strict=True)]
+        phase = sum(r * ps for (_, r), ps in zip(qr, phase_stride, strict=True))
+        offsets.append(phase * per_phase
+                       + sum(q * rs for (q, _), rs in zip(qr, row_stride, strict=True)))
+    stacked_rows = math.prod(p.stride) * per_phase
+    rows = max(stacked_rows, max(offsets) + per_phase)  # a margin for the last shifts
+    if mask[0] or mask[1]:
+        grid = gy.new_zeros(n, *phases, k)
+        grid[(slice(None), *(slice(0, o) for o in out))] = gy.movedim(1, -1)
+        gflat = grid.reshape(per_phase, k)
+    y = gi = gw = None
+    if mask[1] or forward:
+        xflat = x.new_zeros(rows, c)
+        xflat[:stacked_rows].view(
+            *p.stride, n, *phases, c).copy_(_to_phases(x, p, phases))
+    w_taps = w.reshape(k, c_g, -1).permute(2, 0, 1).contiguous()  # [taps, K, C/G]
+    if forward:
+        yflat = x.new_zeros(per_phase, k)
+        for t, off in enumerate(offsets):
+            xs = xflat[off:off + per_phase]
+            for j in range(g):
+                yflat[:, j * k_g:(j + 1) * k_g].addmm_(
+                    xs[:, j * c_g:(j + 1) * c_g], w_taps[t, j * k_g:(j + 1) * k_g].t())
+        y = (yflat.view(n, *phases, k)[(slice(None), *(slice(0, o) for o in out))]
+             .movedim(-1, 1).contiguous())
+    if mask[1]:
+        gw_taps = x.new_empty(len(offsets), k, c_g)
+        for t, off in enumerate(offsets):
+            xs = xflat[off:off + per_phase]
+            for j in range(g):
+                torch.mm(gflat[:, j * k_g:(j + 1) * k_g].t(), xs[:, j * c_g:(j + 1) * c_g],
+                         out=gw_taps[t, j * k_g:(j + 1) * k_g])
+        gw = gw_taps.permute(1, 2, 0).reshape(w.shape)
+    if mask[0]:
+        gil = x.new_zeros(rows, c)
+        for t, off in enumerate(offsets):
+            target = gil[off:off + per_phase]
+            for j in range(g):
+                target[:, j * c_g:(j + 1) * c_g].addmm_(
+                    gflat[:, j * k_g:(j + 1) * k_g], w_taps[t, j * k_g:(j + 1) * k_g])
+        stacked = gil[:stacked_rows].view(*p.stride, n, *phases, c)
+        gi = _from_phases(stacked, p, phases, x.shape[2:])
+    return y, gi, gw
+
+
+def _taps(kernel: Sequence[int]) -> list[tuple[int, ...]]:
+    """Kernel offsets in row-major order (the weight's own order of its taps)."""
+    return list(itertools.product(*(range(s) for s in kernel)))

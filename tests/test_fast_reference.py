@@ -1,0 +1,202 @@
+"""convlab.aten.fast_reference against convlab.scratch.reference and ATen, in float64.
+
+Every form (shift-and-accumulate, L2-chunked im2col, the fused C++ depthwise loop) is run
+forced and by :func:`choose_form`'s choice, over a grid and hypothesis (empty batches,
+groups, stride/dilation/padding, 1-d to 3-d), with every output mask.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from convlab.aten import fast_reference as fast
+from convlab.lab import paths
+from convlab.scratch import reference
+from convlab.scratch.params import ConvParams
+
+aten = torch.ops.aten
+F64 = torch.float64
+MASKS = [[True, True, True], [True, False, False], [False, True, False], [False, False, True]]
+# (x shape, w shape, stride, padding, dilation, groups)
+GRID = [
+    ((2, 16, 7, 6), (16, 16, 3, 2), (1, 1), (1, 1), (1, 2), 1),
+    ((2, 32, 9), (32, 16, 3), (1,), (2,), (2,), 2),
+    ((2, 16, 4, 5, 4), (16, 16, 3, 3, 2), (1, 1, 1), (1, 1, 0), (1, 1, 1), 1),
+    ((0, 16, 5, 5), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1),
+    ((3, 16, 5, 5), (16, 16, 1, 1), (1, 1), (0, 0), (1, 1), 1),
+    ((2, 3, 8, 8), (4, 3, 5, 5), (1, 1), (2, 2), (1, 1), 1),
+    ((2, 4, 9, 8), (6, 4, 3, 3), (2, 2), (1, 0), (1, 1), 1),
+    ((2, 6, 7, 7), (6, 1, 3, 3), (1, 1), (1, 1), (1, 1), 6),
+    ((2, 6, 9, 8), (6, 1, 3, 2), (2, 3), (1, 2), (2, 1), 6),
+    ((0, 6, 7, 7), (6, 1, 3, 3), (1, 1), (1, 1), (1, 1), 6),
+    ((2, 4, 6, 6), (8, 1, 3, 3), (1, 1), (1, 1), (1, 1), 4),
+    ((2, 4, 9), (4, 1, 3), (1,), (1,), (1,), 4),
+]
+
+
+def tensors(xs, ws, stride, padding, dilation, groups, transposed=False, out_pad=None):
+    x = torch.randn(xs, dtype=F64)
+    w = torch.randn(ws, dtype=F64)
+    out_pad = list(out_pad) if out_pad is not None else [0] * len(stride)
+    args = (list(stride), list(padding), list(dilation), transposed, out_pad, groups)
+    gy = torch.randn_like(aten.convolution(x, w, None, *args))
+    return gy, x, w, args
+
+
+def forms_for(x: torch.Tensor, w: torch.Tensor, args) -> list[str | None]:
+    """None (the rule's choice) and every form these shapes allow."""
+    ok: list[str | None] = [None]
+    for form in ("shift", "im2col", "depthwise"):
+        try:
+            fast.check_form(form, x, w, ConvParams.for_tensors(x, w, None, *args))
+        except ValueError:
+            continue
+        ok.append(form)
+    return ok
+
+
+def check_all(gy, x, w, args, masks=MASKS) -> None:
+    for form in forms_for(x, w, args):
+        for mask in masks:
+            sizes = [gy.shape[1]]
+            want = aten.convolution_backward(gy, x, w, sizes, *args, mask)
+            simple = reference.convolution_backward(gy, x, w, sizes, *args, mask)
+            got = fast.convolution_backward(gy, x, w, sizes, *args, mask, form=form)
+            for g, e, s, m in zip(got, want, simple, mask, strict=True):
+                assert (g is None) == (not m), (form, mask)
+                if m:
+                    assert g.shape == e.shape and g.dtype == e.dtype
+                    torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+                    torch.testing.assert_close(g, s, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("case", GRID, ids=lambda c: f"{len(c[0]) - 2}d-g{c[5]}-{c[0]}")
+def test_grid_matches_aten_and_the_simple_form(case) -> None:
+    check_all(*tensors(*case))
+
+
+@st.composite
+def cases(draw: st.DrawFn):
+    dim = draw(st.integers(1, 3))
+    groups = draw(st.integers(1, 3))
+    depthwise = draw(st.booleans())
+    c_g = 1 if depthwise else draw(st.integers(1, 3))
+    k_g = 1 if depthwise and draw(st.booleans()) else draw(st.integers(1, 3))
+    kernel = tuple(draw(st.integers(1, 3 if dim < 3 else 2)) for _ in range(dim))
+    stride = tuple(draw(st.sampled_from([1, 1, 2, 3])) for _ in range(dim))
+    dilation = tuple(draw(st.integers(1, 2)) for _ in range(dim))
+    padding = tuple(draw(st.integers(0, 2)) for _ in range(dim))
+    size = tuple(draw(st.integers(1, 7 if dim < 3 else 4)) for _ in range(dim))
+    n = draw(st.integers(0, 3))
+    transposed = draw(st.booleans())
+    out_pad = tuple(draw(st.integers(0, max(s, d) - 1)) if transposed else 0
+                    for s, d in zip(stride, dilation, strict=True))
+    # transposed: x is the x-space of nothing; its weight is [C_in, C_out/G, *k]
+    xs = (n, (k_g if transposed else c_g) * groups, *size)
+    ws = (k_g * groups, c_g, *kernel)
+    x, w = torch.empty(xs), torch.empty(ws)
+    try:
+        ConvParams.for_tensors(x, w, None, stride, padding, dilation, transposed, out_pad,
+                               groups)
+    except ValueError:
+        assume(False)
+    return xs, ws, stride, padding, dilation, groups, transposed, out_pad
+
+
+@given(cases())
+def test_hypothesis_matches_aten_and_the_simple_form(case) -> None:
+    check_all(*tensors(*case), masks=MASKS[:3])
+
+
+def test_transposed_in_the_shift_form_matches_aten() -> None:
+    x, w = torch.randn(2, 32, 5, 5, dtype=F64), torch.randn(32, 16, 3, 3, dtype=F64)
+    args = ([2, 2], [1, 1], [1, 1], True, [1, 1], 2)
+    p = ConvParams.for_tensors(x, w, None, *args)
+    assert fast.choose_form(x.shape, w.shape, p, F64) == "im2col"  # the rule's choice
+    gy = torch.randn_like(aten.convolution(x, w, None, *args))
+    for mask in MASKS:
+        got = fast.convolution_backward(gy, x, w, [32], *args, mask, form="shift")
+        want = aten.convolution_backward(gy, x, w, [32], *args, mask)
+        for g, e, m in zip(got, want, mask, strict=True):
+            assert (g is None) == (not m)
+            if m:
+                torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12)
+
+
+def test_reduced_precision_takes_the_im2col_form() -> None:
+    x = torch.empty(2, 16, 28, 28)
+    p = ConvParams.for_tensors(x, torch.empty(16, 16, 3, 3), None, *_unit(2))
+    assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.float32) == "shift"
+    assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.bfloat16) == "im2col"
+
+
+def _unit(dim: int):
+    return [1] * dim, [1] * dim, [1] * dim, False, [0] * dim, 1  # padding 1
+
+
+@pytest.mark.parametrize(("where", "value"), [("input", math.inf), ("weight", math.nan)])
+def test_non_finite_values_leave_the_shift_form_and_match_the_simple_form(
+        where: str, value: float) -> None:
+    gy, x, w, args = tensors((2, 16, 28, 28), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    (x if where == "input" else w)[0, 3, 2, 2] = value
+    p = ConvParams.for_tensors(x, w, None, *args)
+    assert fast.choose_form(x.shape, w.shape, p, F64) == "shift"  # shapes alone say shift
+    mask = [True, True, True]
+    got = fast.convolution_backward(gy, x, w, [16], *args, mask)
+    simple = reference.convolution_backward(gy, x, w, [16], *args, mask)
+    for g, s in zip(got, simple, strict=True):
+        torch.testing.assert_close(g, s, rtol=1e-12, atol=1e-12, equal_nan=True)
+
+
+def test_inputs_that_require_grad_take_the_simple_differentiable_form() -> None:
+    gy, x, w, args = tensors((2, 16, 6, 6), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    w.requires_grad_(True)
+    gi, _, _ = fast.convolution_backward(gy, x, w, [16], *args, [True, True, True])
+    assert gi.requires_grad  # the shift form runs under no_grad; the simple one does not
+    want = aten.convolution_backward(gy, x, w, [16], *args, [True, True, True])[0]
+    torch.testing.assert_close(gi.detach(), want, rtol=1e-12, atol=1e-12)
+
+
+# The rule's choice on the suite's layers, as choose_form's docstring states it.
+EXPECTED_FORMS = {
+    "resnet56": "shift", "resnet28": "shift", "resnet14": "im2col", "cifar5": "im2col",
+    "strided": "im2col", "grouped": "im2col", "depthwise": "depthwise", "dilated": "im2col",
+    "transposed": "im2col", "conv1d": "shift", "conv3d": "im2col",
+}
+
+
+@pytest.mark.parametrize("layer", paths.SUITE, ids=lambda layer: layer.name)
+def test_rule_on_the_suite_layers(layer: paths.Layer) -> None:
+    p = layer.params
+    got = fast.choose_form(layer.input_shape, layer.weight_shape, p, torch.float32)
+    assert got == EXPECTED_FORMS[layer.name]
+
+
+def test_a_form_that_cannot_serve_the_call_is_refused() -> None:
+    gy, x, w, args = tensors((2, 6, 7, 7), (6, 1, 3, 3), (1, 1), (1, 1), (1, 1), 6)
+    with pytest.raises(ValueError, match="form='shift'"):
+        fast.convolution_backward(gy, x, w, None, *args, [True] * 3, form="shift")
+    gy, x, w, args = tensors((2, 4, 9, 8), (6, 4, 3, 3), (2, 2), (1, 0), (1, 1), 1)
+    with pytest.raises(ValueError, match="form='depthwise'"):
+        fast.convolution_backward(gy, x, w, None, *args, [True] * 3, form="depthwise")
+    with pytest.raises(ValueError, match="form must be"):
+        fast.convolution_backward(gy, x, w, None, *args, [True] * 3, form="fft")
+    with pytest.raises(ValueError, match="output_mask"):
+        fast.convolution_backward(gy, x, w, None, *args, [True])
+
+
+def test_float32_depthwise_loop_matches_aten() -> None:
+    x = torch.randn(4, 32, 14, 14)
+    w = torch.randn(32, 1, 3, 3)
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 32)
+    gy = torch.randn_like(aten.convolution(x, w, None, *args))
+    mask = [True, True, True]
+    got = fast.convolution_backward(gy, x, w, [32], *args, mask, form="depthwise")
+    want = aten.convolution_backward(gy, x, w, [32], *args, mask)
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)  # float32 sums of 784 terms

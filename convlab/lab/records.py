@@ -62,6 +62,10 @@ SECTIONS: dict[str, str] = {
     "roofline": "convlab.lab.roofline:record",
     "peers": "convlab.lab.peers:record",
     "per_sample": "convlab.lab.per_sample_timing:record",
+    # the sweep behind per_sample_weight_grad(method="auto"), and a whole DP-SGD step
+    # with Opacus, BackPACK and convlab (both optional in older records)
+    "per_sample_auto": "convlab.lab.per_sample_auto:record",
+    "dpsgd": "convlab.lab.dpsgd:record",
     "numerics": "convlab.lab.numerics:record",
     # each claim of the book checked under this setting (optional in older records)
     "claims": "convlab.lab.claims:record_outcomes",

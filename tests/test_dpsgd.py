@@ -97,3 +97,20 @@ def test_bad_names() -> None:
         dpsgd.make_step("Opacus", model, 4)
     with pytest.raises(ValueError, match="name must be Opacus, Opacus \\+ convlab or BackPACK"):
         dpsgd.per_sample_grads("vmap", model, x, y)
+
+
+def test_record_quick_structure(monkeypatch) -> None:
+    from convlab.lab import record_schema
+
+    before = torch.get_num_threads()
+    rec = dpsgd.record(quick=True)
+    assert torch.get_num_threads() == before
+    assert rec["peers"]["opacus"] == "1.6.0" and rec["peers"]["backpack-for-pytorch"]
+    (run,) = rec["runs"]
+    assert list(run["steps"]) == list(dpsgd.STEPS)
+    assert run["steps"]["Opacus hooks"]["ratio_vs_opacus"] == 1.0
+    assert all(row["peak_mb"] > 0 for row in run["steps"].values())
+    assert record_schema._dpsgd_problems(rec) == []
+    monkeypatch.setattr(dpsgd, "NEEDS", {"BackPACK": "no_such_module_here"})
+    row = dpsgd.compare(2, 1, quick=True)["steps"]["BackPACK BatchGrad"]
+    assert row == {"skipped": "no_such_module_here not installed"}

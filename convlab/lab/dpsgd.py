@@ -40,7 +40,7 @@ from convlab.lab import timing
 from convlab.scratch.per_sample import per_sample_bias_grad, per_sample_weight_grad
 
 __all__ = ["STEPS", "ResNet8", "convlab_conv_sampler", "convlab_grad_sampler", "data",
-           "make_step", "per_sample_grads", "record"]
+           "make_step", "missing", "per_sample_grads", "record"]
 
 STEPS: tuple[str, ...] = (
     "SGD (no privacy)", "Opacus hooks", "Opacus hooks + convlab", "Opacus ghost clipping",
@@ -134,6 +134,11 @@ def convlab_conv_sampler() -> Iterator[None]:
                 table.pop(nn.Conv2d, None)
             else:
                 table[nn.Conv2d] = fn
+
+
+def missing() -> list[str]:
+    """The optional packages (``pip install convlab[dp]``) not installed here."""
+    return [m for m in NEEDS.values() if importlib.util.find_spec(m) is None]
 
 
 def _missing(name: str) -> str | None:

@@ -106,18 +106,42 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
                   block: int | None = None) -> str:
     """The route ``method="auto"`` takes: ``"grouped"``, ``"grouped_cl"`` or ``"im2col"``.
 
-    ``n`` samples, ``channels_per_group`` = ``C_in / groups``, ``kernel`` the kernel's
-    sizes, ``threads`` (default: torch's setting) and ``block`` (default:
-    :func:`onednn_block`). The rule (fitted on the sweep of
-    :func:`convlab.lab.per_sample_auto.sweep`; chapter 9 shows it):
+    ``n`` samples, ``channels_per_group`` ``c`` = ``C_in / groups``, ``kernel`` the
+    kernel's sizes (``taps`` = their product), ``threads`` (default: torch's setting; the
+    rule does not use it, see below) and ``block`` ``b`` (default: :func:`onednn_block`).
+    The rule, first match wins:
 
-    (provisional) im2col below one block of channels per group, else grouped.
+    1. ``b == 0`` (no oneDNN JIT kernel) or a dtype oneDNN does not take (float64):
+       ``im2col``; ATen's fallbacks for a grouped backward loop over the groups.
+    2. ``taps == 1``: ``im2col`` for depthwise layers and for ``c < b / 2`` with
+       ``n > 1`` (the columns are the input itself), else ``grouped``.
+    3. Depthwise (``c == 1``): ``grouped`` up to 3x3, ``grouped_cl`` from 5x5 on.
+    4. Few channels (``c < b / 2``, e.g. a 3-channel stem): ``grouped`` for one sample;
+       else ``grouped_cl`` from 5x5 on with 16-wide blocks, ``im2col`` otherwise.
+    5. 8-wide blocks and ``n * c >= 4096``: ``im2col``.
+    6. Otherwise ``grouped``.
+
+    Fitted on :func:`convlab.lab.per_sample_auto.sweep` (channels per group 1, 3, 8, 16,
+    64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads; 16x16, float32) on a 2-core Intel
+    Xeon at oneDNN's AVX-512 and AVX2 settings (b = 16 and 8). Threads do not enter: the
+    2-thread runs on that shared machine stalled at random (single calls up to 100x their
+    1-thread time), so they gave no consistent crossover to fit.
     """
-    threads = torch.get_num_threads() if threads is None else threads
     block = onednn_block() if block is None else block
+    c, taps = channels_per_group, math.prod(kernel)
     if dtype not in (torch.float32, torch.bfloat16) or block == 0:
         return "im2col"
-    return "im2col" if channels_per_group < block else "grouped"
+    if taps == 1:
+        return "im2col" if c == 1 or (2 * c < block and n > 1) else "grouped"
+    if c == 1:
+        return "grouped" if taps <= 9 else "grouped_cl"
+    if 2 * c < block:
+        if n == 1:
+            return "grouped"
+        return "grouped_cl" if block >= 16 and taps >= 25 else "im2col"
+    if block <= 8 and n * c >= 4096:
+        return "im2col"
+    return "grouped"
 
 
 def per_sample_weight_grad(

@@ -15,7 +15,11 @@ estimates need. Three routes compute all of them at once:
   ``C_in * N`` groups, one input channel per group, ``grad_output`` repeated
   ``C_in / groups`` times as its weight, and stride and dilation swapped.
 * ``"grouped_cl"``: the same grouped backward with the folded input and ``grad_output`` in
-  channels-last memory, the layout oneDNN's ``brgconv`` kernels read without a reorder.
+  channels-last memory. oneDNN then reads them without reordering them to its blocked
+  layout, and with few channels per group it runs its JIT kernel (on padded weights)
+  where the NCHW call falls back to its GEMM (``ONEDNN_VERBOSE`` on the AVX-512 machine
+  of the sweep: ``jit:avx512_core`` against ``x64:gemm:jit`` at 1 and 3 channels per
+  group).
 * ``"im2col"``: build the im2col columns and contract them with ``grad_output`` in one
   batched GEMM (an ``einsum``), chunk by chunk over the samples so that the columns of one
   chunk stay under ``CHUNK_BYTES``; Opacus's ``nn.Conv2d`` grad sampler does the same
@@ -124,8 +128,9 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     Fitted on :func:`convlab.lab.per_sample_auto.sweep` (channels per group 1, 3, 8, 16,
     64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads; 16x16, float32) on a 2-core Intel
     Xeon at oneDNN's AVX-512 and AVX2 settings (b = 16 and 8). Threads do not enter: the
-    2-thread runs on that shared machine stalled at random (single calls up to 100x their
-    1-thread time), so they gave no consistent crossover to fit.
+    2-thread runs on that shared machine stalled at random (at 20 of each setting's 60
+    points a route took 10 to 390 times its 1-thread time), so they gave no consistent
+    crossover to fit.
     """
     block = onednn_block() if block is None else block
     c, taps = channels_per_group, math.prod(kernel)

@@ -192,17 +192,21 @@ def test_channels_last_input_and_chunked_columns(monkeypatch) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
-def test_choose_method_rule() -> None:
-    # No oneDNN JIT kernel (block 0) or a dtype oneDNN does not take: im2col.
-    assert choose_method(8, 16, (3, 3), torch.float32, 1, block=0) == "im2col"
-    assert choose_method(8, 16, (3, 3), torch.float64, 1, block=16) == "im2col"
-    for cpg in (1, 3, 8, 16, 64):
-        for n in (1, 8, 64):
-            for k in (1, 3, 5, 7):
-                for threads in (1, 2):
-                    for block in (8, 16):
-                        assert choose_method(n, cpg, (k, k), torch.float32, threads,
-                                             block) in ROUTES
+# (n, channels per group, kernel side, block) -> route, one case per row of the rule.
+RULE_CASES = [
+    ((8, 16, 3, 0), "im2col"), ((8, 1, 1, 16), "im2col"), ((8, 3, 1, 16), "im2col"),
+    ((1, 3, 1, 16), "grouped"), ((8, 16, 1, 16), "grouped"), ((8, 1, 3, 16), "grouped"),
+    ((8, 1, 5, 8), "grouped_cl"), ((1, 3, 5, 16), "grouped"), ((8, 3, 5, 16), "grouped_cl"),
+    ((8, 3, 5, 8), "im2col"), ((64, 64, 3, 8), "im2col"), ((64, 64, 3, 16), "grouped"),
+    ((8, 8, 7, 16), "grouped"), ((8, 4, 3, 8), "grouped"),
+]
+
+
+@pytest.mark.parametrize("case, route", RULE_CASES)
+def test_choose_method_follows_its_rule(case, route) -> None:
+    n, cpg, k, block = case
+    assert choose_method(n, cpg, (k, k), torch.float32, block) == route
+    assert choose_method(n, cpg, (k, k), torch.float64, block) == "im2col"
 
 
 @pytest.mark.parametrize("cap, flags, block", [

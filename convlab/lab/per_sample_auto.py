@@ -58,7 +58,7 @@ def point(channels_per_group: int, n: int, kernel: int, threads: int,
                            else 0.02, threads=threads, min_calls=1 if quick else 3)
     seconds = {m: t[m].median for m in ROUTES}
     fastest = min(seconds, key=seconds.__getitem__)
-    auto = choose_method(n, size[1], size[2:], torch.float32, threads)
+    auto = choose_method(n, size[1], size[2:], torch.float32)
     ratios = timing.round_ratios(t[auto], t[fastest])
     return {"channels_per_group": channels_per_group, "n": n, "kernel": kernel,
             "threads": threads, "seconds": seconds, "fastest": fastest, "auto": auto,

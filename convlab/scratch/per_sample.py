@@ -106,13 +106,12 @@ def onednn_block() -> int:
 
 
 def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
-                  dtype: torch.dtype = torch.float32, threads: int | None = None,
-                  block: int | None = None) -> str:
+                  dtype: torch.dtype = torch.float32, block: int | None = None) -> str:
     """The route ``method="auto"`` takes: ``"grouped"``, ``"grouped_cl"`` or ``"im2col"``.
 
     ``n`` samples, ``channels_per_group`` ``c`` = ``C_in / groups``, ``kernel`` the
-    kernel's sizes (``taps`` = their product), ``threads`` (default: torch's setting; the
-    rule does not use it, see below) and ``block`` ``b`` (default: :func:`onednn_block`).
+    kernel's sizes (``taps`` = their product) and ``block`` ``b`` (default:
+    :func:`onednn_block`); not the thread count (see below).
     The rule, first match wins:
 
     1. ``b == 0`` (no oneDNN JIT kernel) or a dtype oneDNN does not take (float64):

@@ -4,7 +4,7 @@ on a small CIFAR-sized ResNet, with each library's own training-loop API.
 DP-SGD (Abadi et al., 2016, https://arxiv.org/abs/1607.00133) clips each sample's
 gradient to norm ``max_grad_norm`` (factor ``min(1, C / (norm + 1e-6))``, Opacus's), sums
 them, adds Gaussian noise of standard deviation ``noise_multiplier * C`` and divides by the
-batch size. The steps of :data:`STEPS`:
+batch size. The steps of ``STEPS``:
 
 * ``"SGD (no privacy)"``: the ordinary step, for scale;
 * ``"Opacus hooks"``: ``GradSampleModule`` (forward and backward hooks, its own grad
@@ -39,8 +39,8 @@ from torch import nn
 from convlab.lab import timing
 from convlab.scratch.per_sample import per_sample_bias_grad, per_sample_weight_grad
 
-__all__ = ["STEPS", "ResNet8", "convlab_conv_sampler", "convlab_grad_sampler", "data",
-           "make_step", "missing", "per_sample_grads", "record"]
+__all__ = ["STEPS", "ResNet8", "compare", "convlab_conv_sampler", "convlab_grad_sampler",
+           "data", "make_step", "missing", "per_sample_grads", "record"]
 
 STEPS: tuple[str, ...] = (
     "SGD (no privacy)", "Opacus hooks", "Opacus hooks + convlab", "Opacus ghost clipping",
@@ -251,7 +251,7 @@ def _peak_mb(fn: Callable[[], object], around: Callable[[], Any]) -> float:
 
 
 def compare(n: int, threads: int, quick: bool = False) -> dict[str, Any]:
-    """Every step of :data:`STEPS` on :class:`ResNet8` at batch ``n``, one interleaved run
+    """Every step of ``STEPS`` on :class:`ResNet8` at batch ``n``, one interleaved run
     on ``threads`` threads: median seconds per step, ratio to ``"Opacus hooks"`` (median of
     per-round ratios) and the peak extra memory of one step (MiB, torch's allocator plus
     Python's)."""

@@ -1,7 +1,8 @@
 """The sweep behind ``per_sample_weight_grad(method="auto")``: every route of
-:data:`convlab.scratch.per_sample.ROUTES` timed on a coarse grid of layers (channels per
-group, batch, kernel, threads), with the route :func:`~convlab.scratch.per_sample.
-choose_method` picks and its time over the fastest route's.
+``convlab.scratch.per_sample.ROUTES`` timed on a coarse grid of layers (channels per
+group, batch, kernel, threads), with the route
+:func:`~convlab.scratch.per_sample.choose_method` picks and its time over the fastest
+route's.
 
 Each grid point is one interleaved run (:func:`convlab.lab.timing.interleaved`) of the
 routes on a 16x16 image, stride 1, ``padding = k // 2``, float32. :func:`record` is the

@@ -11,7 +11,10 @@ Usage: python scripts/compat.py --torch 2.9.1 [--keep] [--record] [--cpp-only]
    outputs belong to the pinned torch; an exception fails the chapter);
 4. the test suite run in the copy;
 5. the standalone libtorch program (cpp/standalone) built with CMake against that torch and
-   run: its routes must agree (a CUDA wheel without the CUDA toolkit is reported as skipped).
+   run: its routes must agree (a CUDA wheel without the CUDA toolkit is reported as skipped);
+6. a Colab rehearsal: the Colab copies (colab/) of the chapters that read the measurement
+   records executed in an empty folder outside any checkout, so only the installed package's
+   data can feed them; each must draw its figures and never print "No records".
 
 ``--cpp-only`` does step 5 alone, with nothing but torch installed: the C++ program claims
 libtorch 2.0 and later, older than convlab's own floor (2.4), and this checks that claim.
@@ -25,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import datetime as dt
+import json
 import os
 import re
 import shutil
@@ -35,7 +39,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CSV = ROOT / "book" / "data" / "compat.csv"
-FIELDS = ["torch", "python", "chapters run", "tests", "date"]
+FIELDS = ["torch", "python", "chapters run", "tests", "Colab copies outside a checkout",
+          "date"]
+# The chapters whose figures are drawn from book/data/records (package data once installed).
+RECORD_CHAPTERS = ("07_backends_performance", "09_beyond", "10_determinism_accuracy")
 # Test tools only: the book build (jupyter-book) and the pinned torch are not installed.
 SKIP_REQUIREMENTS = ("torch", "jupyter-book", "sphinx", "-e", "playwright")
 # Opacus and BackPACK (convlab[dp]) are pinned for the main torch; on another torch they
@@ -48,6 +55,8 @@ path = sys.argv[1]
 nb = nbformat.read(path, as_version=4)
 NotebookClient(nb, timeout=900, kernel_name="python3",
                resources={"metadata": {"path": sys.argv[2]}}).execute()
+if len(sys.argv) > 3:
+    nbformat.write(nb, sys.argv[3])
 """
 
 
@@ -120,6 +129,38 @@ def standalone_program(py: Path, repo: Path, env: dict[str, str], log: Path) -> 
     agreed = outputs[0].stdout.count("vs convolution_backward: match") == 2
     ran = all(done.returncode == 0 for done in outputs)
     return "ok" if ran and agreed else "FAILED"
+
+
+def colab_rehearsal(py: Path, env: dict[str, str], work: Path, log: Path) -> str:
+    """Execute the Colab copies of RECORD_CHAPTERS in ``work/colab`` (no checkout there:
+    the install cell only acts on Colab, so the venv's installed convlab is what runs).
+
+    Returns e.g. "3 of 3 (14 figures)", or "FAILED: <chapter> <why>".
+    """
+    folder = work / "colab"
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    figures = 0
+    for stem in RECORD_CHAPTERS:
+        copy = folder / f"{stem}.ipynb"
+        shutil.copy2(ROOT / "colab" / copy.name, copy)
+        done = folder / f"{stem}.executed.ipynb"
+        result = run([str(py), "-c", EXECUTE_CHAPTERS, str(copy), str(folder), str(done)],
+                     log, env=env, cwd=folder)
+        if result.returncode:
+            return f"FAILED: {stem} raised (see the log)"
+        outputs = [o for cell in json.loads(done.read_text())["cells"]
+                   for o in cell.get("outputs", [])]
+        text = "".join("".join(o.get("text", "")) + "".join(o.get("data", {}).get(
+            "text/plain", "")) for o in outputs)
+        drawn = sum(bool({"image/svg+xml", "image/png"} & set(o.get("data", {})))
+                    for o in outputs)
+        if "No records" in text or "no records" in text:
+            return f"FAILED: {stem} found no records"
+        if not drawn:
+            return f"FAILED: {stem} drew no figure"
+        figures += drawn
+    return f"{len(RECORD_CHAPTERS)} of {len(RECORD_CHAPTERS)} ({figures} figures)"
 
 
 def summary(pytest_output: str) -> str:
@@ -224,12 +265,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  tests: {counts} (exit {tests.returncode})", flush=True)
     cpp = standalone_program(py, repo, env, log)
     print(f"  C++ program: {cpp}", flush=True)
+    colab = colab_rehearsal(py, env, work, log)
+    print(f"  Colab copies outside a checkout: {colab}", flush=True)
     print(f"done in {time.perf_counter() - start:.0f} s", flush=True)
 
-    passed = ok == total and tests.returncode == 0 and not cpp.startswith("FAILED")
+    passed = (ok == total and tests.returncode == 0 and not cpp.startswith("FAILED")
+              and not colab.startswith("FAILED"))
     if args.record:
         record({"torch": version[0].split("+")[0], "python": version[1],
                 "chapters run": f"{ok} of {total}", "tests": counts,
+                "Colab copies outside a checkout": colab,
                 "date": f"{dt.date.today():%Y-%m-%d}"})
     if not args.keep:
         shutil.rmtree(work / "repo", ignore_errors=True)

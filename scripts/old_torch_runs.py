@@ -8,18 +8,23 @@ metadata has a ``repro`` name is self-contained; it runs in its own child proces
 PYTHON, and its ``bug present: True/False`` line is collected. The old calls of
 ``book/12_migration_cookbook.ipynb`` (``OLD_CALLS`` below) run the same way and report the
 exception each raises. The result is a plain-text table: one line per repro or call, with
-the torch version PYTHON reports. Nothing is written to the repository.
+the torch version PYTHON reports. With ``--record`` it also replaces that version's entry
+in ``book/data/versions/old_torch_runs.json`` (:mod:`convlab.lab.version_runs`), which
+chapters 12 and 13 render.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import nbformat
+
+from convlab.lab import machine, version_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 BUGS = ROOT / "book" / "13_bugs_found.ipynb"
@@ -77,17 +82,28 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("python", help="interpreter with the torch to test")
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--record", action="store_true",
+                        help="store the results as this torch version's entry")
     args = parser.parse_args(argv)
     if not Path(args.python).exists():
         print(f"old_torch_runs: error: no interpreter at {args.python}", file=sys.stderr)
         return 2
-    version = run(args.python, "import torch; print(torch.__version__)", args.timeout)
+    version, python = run(args.python, "import sys, torch; print(torch.__version__, "
+                          "'%d.%d' % sys.version_info[:2])", args.timeout).split()[:2]
     print(f"torch {version}")
+    results = {}
     for name, source in repros().items():
-        print(f"{name:<38} {run(args.python, source, args.timeout)}")
+        results[name] = run(args.python, source, args.timeout)
+        print(f"{name:<38} {results[name]}")
     for name, body in OLD_CALLS.items():
         code = WRAP.format(body="\n".join("    " + ln for ln in body.splitlines()))
-        print(f"{name:<38} {run(args.python, code, args.timeout)}")
+        results[name] = run(args.python, code, args.timeout)
+        print(f"{name:<38} {results[name]}")
+    if args.record:
+        path = version_runs.store_run(version.split("+")[0], {
+            "date": f"{dt.date.today():%Y-%m-%d}", "machine": machine.machine_slug(),
+            "python": python, "results": results})
+        print(f"stored in {path}")
     return 0
 
 

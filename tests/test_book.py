@@ -28,6 +28,7 @@ NOTEBOOKS = sorted(
 NON_PORTABLE = re.compile(r"(site-packages|/\.venv/|/root/|/home/\w+|/tmp/|/work/)")
 # Notebook conventions: the summary box, the code width, the nbval tag, API links.
 SUMMARY_BOX = "```{admonition} What we saw"
+SUMMARY_HEADING = "## Summary"
 MAX_CODE_LINE = 80
 IGNORE_OUTPUT_TAG = "nbval-ignore-output"
 HAND_NUMBER = re.compile(r"^\s*(chapter\s+)?\d+\s*[.:)\-–]\s", re.I)
@@ -112,12 +113,13 @@ def test_notebook_uses_the_shared_setup(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_chapter_ends_with_a_what_we_saw_box(path: Path) -> None:
+def test_summary_section_holds_the_what_we_saw_box(path: Path) -> None:
+    """The chapter's ``## Summary`` cell is its "What we saw" box (exercises follow it)."""
     nb = nbformat.read(path, as_version=4)
-    last_md = [c for c in nb.cells if c.cell_type == "markdown"][-1].source
-    assert last_md.lstrip().startswith(SUMMARY_BOX), (
-        f"the last markdown cell must start with {SUMMARY_BOX!r}, found {last_md[:60]!r}"
-    )
+    summaries = [c.source for c in nb.cells
+                 if c.cell_type == "markdown" and SUMMARY_HEADING in c.source.splitlines()]
+    assert len(summaries) == 1, f"want one {SUMMARY_HEADING!r} cell, found {len(summaries)}"
+    assert SUMMARY_BOX in summaries[0], f"the summary cell must hold {SUMMARY_BOX!r}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
@@ -238,3 +240,44 @@ def test_compared_outputs_name_no_instruction_set(path: Path) -> None:
                 found.append(f"code cell {i}: {match.group(0)!r}")
     assert not found, "ISA-dependent words in compared outputs: " + ", ".join(found[:10])
 
+
+
+# A link into PyTorch's source names the release it was read at: a line number on a
+# moving branch (main, master, viable/strict) points at other code within weeks.
+PYTORCH_BLOB = re.compile(
+    r"github\.com/pytorch/pytorch/blob/(?P<ref>[^/\s)\"'>]+)/(?P<path>[^\s)\"'>#]+)"
+    r"(?P<anchor>#L\d+(?:-L\d+)?)?")
+RELEASE_TAG = re.compile(r"v\d+\.\d+\.\d+")
+CITING_FILES = sorted(
+    [*NOTEBOOKS, *(ROOT / "book").glob("*.md"), *(ROOT / "convlab").rglob("*.py"),
+     *(ROOT / "cpp").rglob("*.cpp"), *(ROOT / "convlab").rglob("*.cpp")])
+
+
+def _source_text(path: Path) -> str:
+    """Markdown and code of a notebook (not its outputs), or a file's text."""
+    if path.suffix != ".ipynb":
+        return path.read_text()
+    return "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+
+
+def pytorch_links_without_tag(text: str) -> list[str]:
+    """The pytorch/pytorch source links with a line anchor whose ref is not a release
+    tag (``v2.13.0``), e.g. ``blob/main/...#L10`` or ``blob/954cecd/...#L10``."""
+    return [m.group(0) for m in PYTORCH_BLOB.finditer(text)
+            if m.group("anchor") and not RELEASE_TAG.fullmatch(m.group("ref"))]
+
+
+def test_line_links_rule_is_checkable() -> None:
+    tagged = "https://github.com/pytorch/pytorch/blob/v2.13.0/a/Convolution.cpp#L725"
+    assert pytorch_links_without_tag(tagged) == []
+    assert pytorch_links_without_tag(tagged.replace("v2.13.0", "main")) != []
+    assert pytorch_links_without_tag(tagged.replace("v2.13.0", "954cecd")) != []
+    assert pytorch_links_without_tag(tagged.split("#")[0]) == []
+
+
+@pytest.mark.parametrize("path", CITING_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_pytorch_line_links_carry_a_release_tag(path: Path) -> None:
+    """Every ``pytorch/pytorch/blob/REF/PATH#LNN`` in the book, the package and the C++
+    sources has a release tag as REF, so its line numbers stay true."""
+    bad = pytorch_links_without_tag(_source_text(path))
+    assert not bad, f"line links without a release tag: {bad[:5]}"

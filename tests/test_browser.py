@@ -79,6 +79,8 @@ HAND_NUMBER = re.compile(r"^\s*(chapter\s+)?\d+\s*[.:)\-–]\s", re.I)
 # chapters: 0.3 MB of highlighted code and outputs in chapter 6). Before this budget, pages
 # loaded 3.6-4 MB; with the SVG figures and captioned tables they weigh 2.48-2.60 MB.
 MAX_PAGE_BYTES = 2_700_000
+# On a phone a table column narrower than this is a sliver (a few letters a line).
+MIN_COLUMN_PX = 60
 # jupyter-book writes a root index.html that only redirects to the landing page.
 REDIRECT = re.compile(r'<meta[^>]+http-equiv="refresh"[^>]+url=([^"]+)"', re.I)
 
@@ -281,10 +283,22 @@ async () => {
     }
     svgFigures.push(entry);
   }
+  // Tables: the narrowest body cell (a column squeezed to a sliver) and how far the table
+  // is wider than its box (the part a reader must scroll to); book.js stacks such tables
+  // on a phone (`stacked`: one card per row, every cell full width).
   const tables = [...(article ? article.querySelectorAll('table') : [])]
     .filter(t => t.checkVisibility() && !t.closest('.sig, dl.field-list'))
-    .map(t => ({where: label(t), caption: (t.querySelector('caption') || {innerText: ''})
-      .innerText.trim()}));
+    .map(t => {
+      const box = t.closest('div.pst-scrollable-table-container, .table-wrapper')
+        || t.parentElement;
+      const widths = [...t.tBodies].flatMap(b => [...b.rows]).flatMap(r => [...r.cells])
+        .filter(c => c.colSpan === 1 && c.checkVisibility())
+        .map(c => c.getBoundingClientRect().width);
+      return {where: label(t), caption: (t.querySelector('caption') || {innerText: ''})
+        .innerText.trim(), stacked: t.classList.contains('stacked'),
+        narrowest: widths.length ? Math.round(Math.min(...widths)) : null,
+        hidden: Math.round(t.getBoundingClientRect().width - box.clientWidth)};
+    });
   const math = [...document.querySelectorAll('.math')];
   const resources = performance.getEntriesByType('resource').map(r => r.name);
   return {
@@ -746,17 +760,23 @@ def landing_structure(tab: object) -> dict:
       const third = questions[2] ? questions[2][0].closest('section') : null;
       const q3Code = third ? [...third.querySelectorAll('div.highlight')].some(
         d => d.querySelector('button.copybtn')) : false;
+      // The opening: who the book is for and what to know first, as paragraphs.
+      const opening = ['who it is for', 'what to know first'].map(words =>
+        blocks.findIndex(b => b.tagName === 'P'
+          && b.innerText.trim().toLowerCase().startsWith(words)));
       const start = [...art.querySelectorAll('a')].filter(a =>
         /start with chapter 1/i.test((a.closest('p, li, div') || a).innerText));
-      return {answers, anchored, answeredFirst, q3Code, lists, firstTable,
+      return {answers, anchored, answeredFirst, q3Code, lists, firstTable, opening,
               start: start.map(a => a.href), n: blocks.length};
     }"""
     )
 
 
 def test_landing_page_starts_with_answers_then_chapters(site: str, browser: object) -> None:
-    """The three questions first (headings in the page contents, a bold one-sentence answer
-    each, a code block for the third), a numbered chapter list, "start with chapter 1"."""
+    """A newcomer's opening first: who the book is for, what to know first, the three
+    questions answered in short (one list item each, linking to its detailed answer) and
+    the numbered chapter list, "start with chapter 1". Then the detailed answers: headings
+    in the page contents, a bold one-sentence answer each, a code block for the third."""
     context = new_context(browser, WIDE)
     try:
         result = Visit(pages()[0], WIDE)
@@ -785,7 +805,25 @@ def test_landing_page_starts_with_answers_then_chapters(site: str, browser: obje
     assert d["q3Code"], "question 3's section has no code block"
     assert chapter_lists, f"no numbered list linking the {len(entries)} chapters in order"
     first_list = chapter_lists[0]
-    assert d["answers"][2] < first_list["index"], "the chapter list comes before the answers"
+    assert 0 <= d["opening"][0] < d["opening"][1] < first_list["index"], (
+        f"no 'Who it is for' then 'What to know first' paragraph before the chapters: "
+        f"{d['opening']}"
+    )
+    anchors = [urlsplit(h).fragment for ol in d["lists"] for item in ol["items"] for h in item]
+    questions = ["q-which-functions", "q-why-no-single", "q-how-to-call"]
+    short = [
+        ol for ol in d["lists"]
+        if len(ol["items"]) == 3 and ol["index"] < first_list["index"]
+        and all(any(urlsplit(h).fragment == q for h in item)
+                for item, q in zip(ol["items"], questions, strict=True))
+    ]
+    assert short, (
+        f"no 3-item list of short answers linking {questions} before the chapter list "
+        f"(list links: {sorted(set(anchors))})"
+    )
+    assert first_list["index"] < d["answers"][0], (
+        "the chapter list does not come before the detailed answers"
+    )
     assert d["firstTable"] < 0 or d["firstTable"] > first_list["index"], (
         "a table comes before the chapter list"
     )
@@ -937,6 +975,26 @@ def test_chapter_tables_have_captions(visits: dict) -> None:
         for t in visits[f"{entry}.html", WIDE].data["tables"]
         if not re.match(r"Table \d+\s*\S", t["caption"])
     ]
+    assert not problems, report(problems)
+
+
+def test_phone_tables_keep_every_column_readable(visits: dict) -> None:
+    """At 390 px every table shows all its columns without scrolling: each column at
+    least MIN_COLUMN_PX wide, or the table stacked (one card per row), and no table wider
+    than its box. Before, the landing page's "Backward kernel and file" column was a
+    sliver and Tables 3.1/3.3 hid their last column off-screen."""
+    problems = []
+    for v in at(visits, PHONE):
+        for t in v.data["tables"]:
+            name = t["caption"][:40] or t["where"]
+            if t["hidden"] > 1:
+                problems.append(f"{v.page}: {name}: {t['hidden']} px off-screen")
+            if not t["stacked"] and t["narrowest"] is not None and (
+                t["narrowest"] < MIN_COLUMN_PX
+            ):
+                problems.append(f"{v.page}: {name}: a column {t['narrowest']} px wide")
+    tables = sum(len(v.data["tables"]) for v in at(visits, PHONE))
+    assert tables, "no table on any page: the check saw nothing"
     assert not problems, report(problems)
 
 

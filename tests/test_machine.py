@@ -12,7 +12,7 @@ import pytest
 import torch
 from fixtures.cpu_fixtures import INTEL, fixture_run, intel_fixture, json_fixture, setting
 
-from convlab.lab import isa_settings, machine
+from convlab.lab import isa_settings, machine, notebook, record_schema, records
 
 OFFERED = {
     "intel": ["amx", "avx512_fp16", "avx512_bf16", "avx512", "avx2", "sse41"],
@@ -57,13 +57,33 @@ def test_settings_name_both_libraries():
     assert isa_settings.ISA_ORDER[-1] == "sse41"
 
 
-@pytest.mark.parametrize(("model", "cores", "slug"), [
-    ("AMD EPYC", 2, "amd-epyc-x2"),
-    ("Intel(R) Xeon(R) Platinum 8488C", 16, "intel-xeon-platinum-8488c-x16"),
-    ("", 4, "cpu-x4"),
+@pytest.mark.parametrize(("model", "cores", "caches", "slug"), [
+    ("AMD EPYC", 2, {}, "amd-epyc-x2"),
+    ("Intel(R) Xeon(R) Platinum 8488C", 16, {}, "intel-xeon-platinum-8488c-x16"),
+    ("", 4, {}, "cpu-x4"),
+    # one reported model, two hosts: the last-level cache tells them apart
+    ("Intel(R) Xeon(R) Processor", 2, {"L1d": 49152, "L2": 2**21, "L3": 300 * 2**20},
+     "intel-xeon-processor-x2-l3-300m"),
+    ("Intel(R) Xeon(R) Processor", 2, {"L1d": 49152, "L1i": 65536, "L2": 2**21,
+                                       "L3": 503316480}, "intel-xeon-processor-x2-l3-480m"),
+    ("AMD EPYC", 2, {"L1d": 2**15, "L2": 2**19}, "amd-epyc-x2-l2-1m"),
 ])
-def test_machine_slug(model, cores, slug):
-    assert machine.machine_slug(model, cores) == slug
+def test_machine_slug(model, cores, caches, slug):
+    assert machine.machine_slug(model, cores, caches) == slug
+
+
+def test_records_of_two_hosts_of_one_model_get_two_names():
+    """Record.machine and cpu_identity see the cache: no merge across hosts."""
+    def rec(l3):
+        fp = {"cpu_model": "Intel(R) Xeon(R) Processor", "cores": 2, "isa_flags": ["avx2"],
+              "caches": {"L2": 2**21, "L3": l3}}
+        return fp, {"fingerprint": fp}
+    (fp_a, a), (fp_b, b) = rec(300 * 2**20), rec(480 * 2**20)
+    assert records.cpu_identity(a) != records.cpu_identity(b)
+    with pytest.raises(ValueError, match="another CPU"):
+        records.merge({"schema": record_schema.SCHEMA, **a}, {"sections": {}, **b})
+    assert (machine.machine_slug("Intel(R) Xeon(R) Processor", 2, fp_a["caches"])
+            != machine.machine_slug("Intel(R) Xeon(R) Processor", 2, fp_b["caches"]))
 
 
 def test_parse_onednn_verbose():
@@ -241,3 +261,26 @@ def test_cache_sizes_from_sysfs(tmp_path, caches, sizes, llc):
     assert machine.cache_sizes(root) == sizes
     assert machine.last_level_cache(machine.cache_sizes(root)) == llc
     assert machine.cache_sizes(tmp_path / "missing") == {}
+
+
+def _rec(model: str, caches: dict | None = None, isa: str = "avx2") -> records.Record:
+    fp = {"cpu_model": model, "cores": 2, **({"caches": caches} if caches else {})}
+    return records.Record(path=records.RECORDS_DIR / "x.json", isa=isa, env={}, created="",
+                          quick=False, load={}, fingerprint=fp, sections={})
+
+
+def test_two_hosts_of_one_model_get_two_short_names():
+    """Without the cache in the name, their rows would merge in the chapters' tables."""
+    amd = _rec("AMD EPYC")
+    old = _rec("Intel(R) Xeon(R) Processor")
+    new = _rec("Intel(R) Xeon(R) Processor", {"L2": 2**21, "L3": 480 * 2**20}, "amx")
+    assert new.label == "Intel Xeon x2 (L3 480 MiB), AMX"
+    assert old.label == "Intel Xeon x2, AVX2"
+    assert notebook.short_machine_names([amd, old, new, old]) == {
+        "AMD EPYC x2": "AMD", "Intel Xeon x2": "Intel",
+        "Intel Xeon x2 (L3 480 MiB)": "Intel (L3 480 MiB)"}
+    # two hosts no short form tells apart keep their whole names
+    other = _rec("Intel(R) Core(TM) i7", {"L3": 480 * 2**20})
+    assert notebook.short_machine_names([new, other]) == {
+        "Intel Xeon x2 (L3 480 MiB)": "Intel Xeon x2 (L3 480 MiB)",
+        "Intel Core i7 x2 (L3 480 MiB)": "Intel Core i7 x2 (L3 480 MiB)"}

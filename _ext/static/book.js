@@ -87,6 +87,54 @@
     }
   }, true);
 
+  // Tables on a phone: a table that does not fit its column, squeezes a column below
+  // MIN_COLUMN px or wraps a cell onto more than MAX_CELL_LINES lines is shown stacked
+  // (book.css: one card per row, each cell under its column's name), so no column is a
+  // sliver and nothing has to be scrolled to. Each cell gets its column's name once.
+  const PHONE_TABLES = window.matchMedia("(max-width: 600px)");
+  const MIN_COLUMN = 60;
+  const MAX_CELL_LINES = 4;
+  const TABLES = ".bd-article table:not(.indextable)";
+  const labelCells = (table) => {
+    if (table.dataset.labelled) return;
+    table.dataset.labelled = "1";
+    const head = table.tHead && table.tHead.rows[0];
+    if (!head) return;
+    const names = [...head.cells].map((th) => th.innerText.trim());
+    for (const body of table.tBodies) {
+      for (const row of body.rows) {
+        [...row.cells].forEach((td, i) => {
+          if (names[i]) td.dataset.label = names[i];
+        });
+      }
+    }
+  };
+  const squeezed = (table) => {
+    const box = table.closest(".pst-scrollable-table-container, .table-wrapper")
+      || table.parentElement;
+    if (table.getBoundingClientRect().width > box.clientWidth + 1) return true;
+    for (const body of table.tBodies) {
+      for (const row of body.rows) {
+        for (const td of row.cells) {
+          const line = parseFloat(getComputedStyle(td).lineHeight) || 24;
+          const r = td.getBoundingClientRect();
+          if (r.width < MIN_COLUMN || r.height > (MAX_CELL_LINES + 0.5) * line + 16) {
+            return true;
+          }
+        }
+      }
+    }
+    return false;
+  };
+  const stackTables = () => {
+    for (const table of document.querySelectorAll(TABLES)) {
+      if (table.closest(".sig, dl.field-list") || !table.tHead) continue;
+      labelCells(table);
+      table.classList.remove("stacked");
+      if (PHONE_TABLES.matches && squeezed(table)) table.classList.add("stacked");
+    }
+  };
+
   // Long outputs fold to their first lines, with a button to show all of them.
   const FOLD_LINES = 30;
   const fold = () => {
@@ -122,8 +170,12 @@
     }
     addBreaks();
     fold();
+    stackTables();
     markAll();
-    window.addEventListener("resize", markAll);
+    window.addEventListener("resize", () => {
+      stackTables();
+      markAll();
+    });
   };
   // MathJax loads and typesets after the page: mark its equations once it is done.
   const afterMath = (tries) => {
@@ -134,6 +186,7 @@
     }
   };
   window.addEventListener("load", () => {
+    stackTables();
     markAll();
     afterMath(75);
   });

@@ -8,7 +8,8 @@ results), :mod:`~convlab.lab.paths` (the registry of layers and paths),
 its sections :mod:`~convlab.lab.suite`, :mod:`~convlab.lab.peers` and
 :mod:`~convlab.lab.roofline`, :mod:`~convlab.lab.machine` (the machine behind a
 measurement), :mod:`~convlab.lab.per_sample_timing`, :mod:`~convlab.lab.doctor` and
-:mod:`~convlab.lab.notebook` (the chapters' helpers), and :mod:`~convlab.lab.claims` (the
-book's machine-dependent sentences as checks that run here). May import :mod:`convlab.scratch`
+:mod:`~convlab.lab.notebook` (the chapters' helpers), :mod:`~convlab.lab.version_runs`
+(chapters 12 and 13 on other torch versions), and :mod:`~convlab.lab.claims` (the book's
+machine-dependent sentences as checks that run here). May import :mod:`convlab.scratch`
 and :mod:`convlab.aten`, never the reverse.
 """

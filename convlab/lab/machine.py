@@ -88,15 +88,23 @@ def cache_sizes(root: str | os.PathLike[str] = CACHE_ROOT) -> dict[str, int]:
     return found
 
 
-def last_level_cache(caches: Mapping[str, int]) -> int | None:
-    """Bytes of the highest-level data or unified cache (None: none known).
+def last_level(caches: Mapping[str, int]) -> tuple[str, int] | None:
+    """The highest-level data or unified cache: its level name and bytes (None: none known).
 
-    >>> caches = {"L1d": 2**15, "L1i": 2**15, "L2": 2**20, "L3": 2**25}
-    >>> last_level_cache(caches) == 2**25
+    >>> last_level({"L1d": 2**15, "L1i": 2**15, "L2": 2**20, "L3": 2**25}) == ("L3", 2**25)
     True
     """
     data = {k: v for k, v in caches.items() if not k.endswith("i")}
-    return data[max(data, key=lambda k: int(k[1:].rstrip("d")))] if data else None
+    if not data:
+        return None
+    key = max(data, key=lambda k: int(k[1:].rstrip("d")))
+    return key.rstrip("d"), data[key]
+
+
+def last_level_cache(caches: Mapping[str, int]) -> int | None:
+    """Bytes of the highest-level data or unified cache (None: none known)."""
+    found = last_level(caches)
+    return found[1] if found else None
 
 
 def memory_available() -> int | None:
@@ -109,16 +117,30 @@ def memory_available() -> int | None:
     return int(match.group(1)) * 1024 if match else None
 
 
-def machine_slug(model: str | None = None, cores: int | None = None) -> str:
-    """A file-name part for this machine: CPU model and logical cores, ``[a-z0-9-]``.
+def machine_slug(model: str | None = None, cores: int | None = None,
+                 caches: Mapping[str, int] | None = None) -> str:
+    """A file-name part for this machine: CPU model, logical cores and last-level cache,
+    ``[a-z0-9-]``.
 
-    >>> machine_slug("AMD EPYC 7B13 64-Core Processor", 2)
+    A cloud VM reports one model name for different hosts (``Intel(R) Xeon(R) Processor``
+    with 300 MiB or 480 MiB of L3), so the last-level cache is part of the name where it is
+    known. ``caches={}`` leaves it out (records written before fingerprints held caches).
+    With no arguments: this machine.
+
+    >>> machine_slug("AMD EPYC 7B13 64-Core Processor", 2, {})
     'amd-epyc-7b13-64-core-processor-x2'
+    >>> machine_slug("Intel(R) Xeon(R) Processor", 2, {"L2": 2**21, "L3": 480 * 2**20})
+    'intel-xeon-processor-x2-l3-480m'
     """
     model = cpu_model() if model is None else model
     cores = (os.cpu_count() or 1) if cores is None else cores
+    caches = cache_sizes() if caches is None else caches
     slug = re.sub(r"[^a-z0-9]+", "-", re.sub(r"\((r|tm)\)", "", model.lower())).strip("-")
-    return f"{slug or 'cpu'}-x{cores}"
+    slug = f"{slug or 'cpu'}-x{cores}"
+    found = last_level(caches)
+    if found:
+        slug += f"-{found[0].lower()}-{max(1, round(found[1] / 2**20))}m"
+    return slug
 
 
 def capture_stdout(fn: Callable[[], object]) -> str:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 import re
 import warnings
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -163,3 +165,24 @@ class Table:
         # A colon fence: a backtick fence's info string may not hold inline code.
         name = [] if self.label is None else [f":name: {self.label}"]
         return "\n".join([":::{table} " + self.caption, *name, *lines, ":::"])
+
+
+def short_machine_names(recs: Sequence[Any]) -> dict[str, str]:
+    """``{machine_name: shortest unique name}`` of records (:class:`convlab.lab.records.Record`)
+    for table cells: the vendor alone where it
+    has one machine (``AMD``), the vendor and the cache where that tells two apart
+    (``Intel (L3 480 MiB)``), else the whole name.
+
+    The cache is the part of a name that tells two hosts of one reported model apart.
+    """
+    names = list(dict.fromkeys(r.machine_name for r in recs))
+
+    def shorter(name: str) -> str:
+        vendor, _, rest = name.partition(" ")
+        paren = rest[rest.index("("):] if "(" in rest else ""
+        return f"{vendor} {paren}".strip()
+
+    short = {n: shorter(n) for n in names}
+    if len(set(short.values())) == len(short):
+        return short
+    return {n: n for n in names}

@@ -88,6 +88,10 @@ def validate(data: object) -> list[str]:
         if key in fp and not _is(fp[key], kind):
             problems.append(f"fingerprint.{key} must be {_kind_name(kind)}, "
                             f"got {type(fp[key]).__name__}")
+    caches = fp.get("caches", {})  # optional: older records lack it; it names the machine
+    if not (isinstance(caches, dict)
+            and all(isinstance(k, str) and _is(v, int) and v > 0 for k, v in caches.items())):
+        problems.append("fingerprint.caches must map cache names to positive byte counts")
     for key in ("before", "after"):
         value = data["load"].get(key)
         if not (isinstance(value, list) and len(value) == 3

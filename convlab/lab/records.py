@@ -31,10 +31,7 @@ to take effect) is not measured; the runner writes why into that machine's manif
 
 so a record set says why a setting is absent (:func:`load_manifests`).
 
-The chapters read them with :func:`load_records`.
-
->>> [r.label for r in load_records()]                     # doctest: +SKIP
-['AMD EPYC x2, AVX2', 'AMD EPYC x2, SSE4.1']
+The chapters read them with :func:`load_records` (``r.label``: ``AMD EPYC x2, AVX2``).
 """
 
 from __future__ import annotations
@@ -105,7 +102,8 @@ class Record:
     def machine(self) -> str:
         """The machine slug (the file name's first part)."""
         return machine.machine_slug(str(self.fingerprint.get("cpu_model")),
-                                    int(self.fingerprint.get("cores") or 0))
+                                    int(self.fingerprint.get("cores") or 0),
+                                    self.fingerprint.get("caches") or {})
 
     @property
     def isa_name(self) -> str:
@@ -113,10 +111,19 @@ class Record:
         return ISA_NAMES.get(self.isa, self.isa)
 
     @property
+    def machine_name(self) -> str:
+        """E.g. ``AMD EPYC x2``; ``Intel Xeon x2 (L3 480 MiB)`` where caches are known."""
+        model = machine.short_model(str(self.fingerprint.get("cpu_model")))
+        name = f"{model} x{self.fingerprint.get('cores')}"
+        found = machine.last_level(self.fingerprint.get("caches") or {})
+        if found:
+            name += f" ({found[0]} {max(1, round(found[1] / 2**20))} MiB)"
+        return name
+
+    @property
     def label(self) -> str:
         """E.g. ``AMD EPYC x2, AVX2``."""
-        model = machine.short_model(str(self.fingerprint.get("cpu_model")))
-        return f"{model} x{self.fingerprint.get('cores')}, {self.isa_name}"
+        return f"{self.machine_name}, {self.isa_name}"
 
     def section(self, name: str) -> Any:
         """The data of section ``name`` (``KeyError`` naming the record if absent)."""
@@ -308,10 +315,12 @@ def merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def cpu_identity(record: Mapping[str, Any]) -> tuple[Any, Any, tuple[str, ...]]:
-    """What tells two CPUs apart in a record: model name, logical cores, ISA flags."""
+def cpu_identity(record: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What tells two CPUs apart in a record: model name, logical cores, ISA flags and the
+    last-level cache (None in records written before fingerprints held caches)."""
     fp = record.get("fingerprint", {})
-    return fp.get("cpu_model"), fp.get("cores"), tuple(sorted(fp.get("isa_flags") or ()))
+    return (fp.get("cpu_model"), fp.get("cores"), tuple(sorted(fp.get("isa_flags") or ())),
+            machine.last_level_cache(fp.get("caches") or {}))
 
 
 def attach_derived(record: dict[str, Any]) -> dict[str, Any]:

@@ -4,7 +4,6 @@ what an ISA cap leaves, and whether the committed records cover this machine."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -105,6 +104,9 @@ def check_channels_last_brgemm() -> Outcome:
         return cannot("oneDNN is not built into this torch")
     cl, nchw = here["channels_last"].get("backward_data", "?"), here["nchw"].get(
         "backward_data", "?")
+    if "gemm" in nchw and not cl.startswith("brg"):
+        return cannot(f"no JIT backward at this ISA (NCHW {nchw}, channels_last {cl}): "
+                      "the claim's condition, oneDNN's brgemm kernels, does not apply")
     return verdict(cl.startswith("brg") and cl != nchw,
                    f"backward_data: NCHW {nchw}, channels_last {cl}",
                    nchw=nchw, channels_last=cl)
@@ -125,31 +127,23 @@ def check_record_for_this_impl() -> Outcome:
                    + (f" ({'; '.join(same)})" if same else ""), impl=here, records=same)
 
 
-def llc_bytes() -> int | None:
-    """The largest cache of CPU 0 as sysfs reports it (bytes), or None."""
-    sizes = []
-    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
-        try:
-            text = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        m = re.fullmatch(r"(\d+)([KMG]?)", text)
-        if m:
-            sizes.append(int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2)])
-    return max(sizes) if sizes else None
-
-
 def check_stream_beyond_llc() -> Outcome:
-    """The roofline's STREAM arrays (3 float32 arrays) exceed the last-level cache 4x, so
-    triad measures DRAM, not a cache."""
-    from convlab.lab import roofline
+    """The STREAM arrays the roofline section would use here (sized from sysfs's last-level
+    cache, :func:`convlab.lab.roofline.stream_elements`) each exceed that cache, so triad
+    measures DRAM, not a cache."""
+    from convlab.lab import machine, roofline
 
-    llc = llc_bytes()
+    llc = machine.last_level_cache(machine.cache_sizes())
     if llc is None:
         return cannot("no cache sizes in /sys/devices/system/cpu/cpu0/cache")
-    arrays = 3 * 4 * 2 ** roofline.FULL["stream_log2"]
-    return verdict(arrays >= 4 * llc, f"3 arrays {arrays / 2**20:.0f} MiB, LLC "
-                   f"{llc / 2**20:.0f} MiB ({arrays / llc:.1f}x)", arrays=arrays, llc=llc)
+    cfg = roofline.FULL
+    elements, sizing = roofline.stream_elements(2 ** cfg["stream_log2"], llc,
+                                                cfg["llc_multiple"], machine.memory_available())
+    array = 4 * elements
+    return verdict(array > llc, f"each of 3 arrays {array / 2**20:.0f} MiB, LLC "
+                   f"{llc / 2**20:.0f} MiB ({array / llc:.1f}x)"
+                   + (", capped by free memory" if sizing["capped_by_memory"] else ""),
+                   array=array, llc=llc)
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -170,7 +164,7 @@ CLAIMS: tuple[Claim, ...] = (
           "so the live cell can compare with it.",
           "which machines have committed records", check_record_for_this_impl),
     Claim("ch7_stream_beyond_llc", 7,
-          "The triad runs on float32 arrays larger than the last-level cache.",
+          "The triad runs on float32 arrays larger than the last-level cache (sized from it).",
           "the LLC size (sysfs) against the records' STREAM size", check_stream_beyond_llc),
     Claim("ch10_sse41_no_direct_jit", 10,
           "Capped at SSE4.1, oneDNN 3.x has no direct JIT backward convolution (its "

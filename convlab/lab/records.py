@@ -59,8 +59,6 @@ SECTIONS: dict[str, str] = {
     "roofline": "convlab.lab.roofline:record",
     "peers": "convlab.lab.peers:record",
     "per_sample": "convlab.lab.per_sample_timing:record",
-    # the sweep behind per_sample_weight_grad(method="auto"), and a whole DP-SGD step
-    # with Opacus, BackPACK and convlab (both optional in older records)
     "per_sample_auto": "convlab.lab.per_sample_auto:record",
     "dpsgd": "convlab.lab.dpsgd:record",
     "numerics": "convlab.lab.numerics:record",

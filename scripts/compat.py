@@ -45,6 +45,9 @@ FIELDS = ["torch", "python", "chapters run", "tests", "Colab copies outside a ch
 RECORD_CHAPTERS = ("07_backends_performance", "09_beyond", "10_determinism_accuracy")
 # Test tools only: the book build (jupyter-book) and the pinned torch are not installed.
 SKIP_REQUIREMENTS = ("torch", "jupyter-book", "sphinx", "-e", "playwright")
+# Opacus and BackPACK (convlab[dp]) are pinned for the main torch; on another torch they
+# are installed where pip finds versions that keep it (else tests/test_dpsgd.py skips).
+DP_PACKAGES = ("opacus", "backpack-for-pytorch")
 EXECUTE_CHAPTERS = """
 import sys, nbformat
 from nbclient import NotebookClient
@@ -71,7 +74,7 @@ def requirements() -> list[str]:
     keep = []
     for line in (ROOT / "requirements.txt").read_text().splitlines():
         line = line.split("#")[0].strip()
-        if line and not line.startswith(SKIP_REQUIREMENTS):
+        if line and not line.startswith(SKIP_REQUIREMENTS + DP_PACKAGES):
             keep.append(line)
     return keep
 
@@ -220,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
         if run(cmd, log, env=env).returncode:
             print(f"install failed: see {log}", file=sys.stderr)
             return 1
+    if run([str(py), "-m", "pip", "install", "-q", f"torch=={args.torch}", *DP_PACKAGES],
+           log, env=env).returncode:
+        print(f"  {', '.join(DP_PACKAGES)}: not installable with torch {args.torch} "
+              f"(see {log})", flush=True)
     if args.install_only:
         return 0
     copy_repository(repo)

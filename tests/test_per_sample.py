@@ -10,7 +10,14 @@ from hypothesis import given
 from hypothesis import strategies as st
 from torch.func import grad, vmap
 
-from convlab.scratch.per_sample import METHODS, per_sample_bias_grad, per_sample_weight_grad
+from convlab.scratch import per_sample
+from convlab.scratch.per_sample import (
+    METHODS,
+    ROUTES,
+    choose_method,
+    per_sample_bias_grad,
+    per_sample_weight_grad,
+)
 
 CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
 
@@ -104,8 +111,11 @@ def test_bad_input_names_the_argument() -> None:
         per_sample_weight_grad(x, (6, 4, 3.7, 3), go)
     with pytest.raises(TypeError, match="weight_size must be a sequence of ints"):
         per_sample_weight_grad(x, "6433", go)
-    with pytest.raises(ValueError, match="method must be one of grouped, im2col"):
+    with pytest.raises(ValueError, match="method must be one of auto, grouped, grouped_cl, "
+                       "im2col, got 'loop'"):
         per_sample_weight_grad(x, (6, 4, 3, 3), go, method="loop")
+    with pytest.raises(ValueError, match="method must be one of .*, got None"):
+        per_sample_weight_grad(x, (6, 4, 3, 3), go, method=None)
     with pytest.raises(ValueError, match="grad_output must be"):
         per_sample_bias_grad(torch.ones(2, 3))
 
@@ -139,3 +149,70 @@ def test_bias_matches_vmap_grad(dim) -> None:
         go, x, w, [4], [1] * dim, [0] * dim, [1] * dim, False, [0] * dim, 1,
         [False, False, True])[2]
     torch.testing.assert_close(per_sample_bias_grad(go).sum(0), summed)
+
+
+# (channels per group, N, kernel, threads) points of the auto rule's sweep, and layouts.
+AUTO_CASES = [(1, 8, 3, 1), (3, 2, 5, 2), (8, 4, 1, 1), (16, 1, 7, 2), (16, 64, 3, 1)]
+
+
+@pytest.mark.parametrize("case", AUTO_CASES)
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_auto_equals_every_route(case, dtype) -> None:
+    cpg, n, k, threads = case
+    groups = 2 if cpg == 8 else 1
+    x = torch.randn(n, cpg * groups, 10, 10, dtype=dtype)
+    go = torch.randn(n, 4 * groups, 10, 10, dtype=dtype)
+    size = (4 * groups, cpg, k, k)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        auto = per_sample_weight_grad(x, size, go, 1, k // 2, 1, groups, method="auto")
+        for method in ROUTES:
+            got = per_sample_weight_grad(x, size, go, 1, k // 2, 1, groups, method=method)
+            if dtype == torch.float64:
+                torch.testing.assert_close(got, auto, rtol=1e-12, atol=1e-12)
+            else:  # float32 sums of up to C k^2 * 100 products, in other orders per route
+                torch.testing.assert_close(got, auto, rtol=1e-4, atol=1e-3)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_channels_last_input_and_chunked_columns(monkeypatch) -> None:
+    x = torch.randn(6, 4, 9, 9, dtype=torch.float64)
+    go = torch.randn(6, 8, 9, 9, dtype=torch.float64)
+    expected = per_sample_weight_grad(x, (8, 2, 3, 3), go, 1, 1, 1, 2, method="grouped")
+    xc = x.contiguous(memory_format=torch.channels_last)
+    gc = go.contiguous(memory_format=torch.channels_last)
+    for method in METHODS:
+        got = per_sample_weight_grad(xc, (8, 2, 3, 3), gc, 1, 1, 1, 2, method=method)
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    # Columns of one sample: C_in k^2 L = 4*9*81 float64 values; 2 samples per chunk.
+    monkeypatch.setattr(per_sample, "CHUNK_BYTES", 4 * 9 * 81 * 8 * 2)
+    got = per_sample_weight_grad(x, (8, 2, 3, 3), go, 1, 1, 1, 2, method="im2col")
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+
+
+# (n, channels per group, kernel side, block) -> route, one case per row of the rule.
+RULE_CASES = [
+    ((8, 16, 3, 0), "im2col"), ((8, 1, 1, 16), "im2col"), ((8, 3, 1, 16), "im2col"),
+    ((1, 3, 1, 16), "grouped"), ((8, 16, 1, 16), "grouped"), ((8, 1, 3, 16), "grouped"),
+    ((8, 1, 5, 8), "grouped_cl"), ((1, 3, 5, 16), "grouped"), ((8, 3, 5, 16), "grouped_cl"),
+    ((8, 3, 5, 8), "im2col"), ((64, 64, 3, 8), "im2col"), ((64, 64, 3, 16), "grouped"),
+    ((8, 8, 7, 16), "grouped"), ((8, 4, 3, 8), "grouped"),
+]
+
+
+@pytest.mark.parametrize("case, route", RULE_CASES)
+def test_choose_method_follows_its_rule(case, route) -> None:
+    n, cpg, k, block = case
+    assert choose_method(n, cpg, (k, k), torch.float32, block) == route
+    assert choose_method(n, cpg, (k, k), torch.float64, block) == "im2col"
+
+
+@pytest.mark.parametrize("cap, flags, block", [
+    (None, {"avx512f", "avx2"}, 16), ("AVX2", {"avx512f", "avx2"}, 8),
+    ("AVX512_CORE_AMX", {"avx512f", "avx2"}, 16), ("SSE41", {"avx512f"}, 0),
+    ("AVX512_CORE", {"avx2"}, 8), (None, set(), 0), ("ALL", {"avx2"}, 8),
+])
+def test_onednn_block_from_flags_and_cap(cap, flags, block) -> None:
+    assert per_sample._block(cap, frozenset(flags)) == block

@@ -117,6 +117,13 @@ def test_manifest_validation_names_the_problem(tmp_path, data, problem):
      "record.sections.suite.t is not a finite number"),
     (lambda d: d["sections"].update(claims={"ch3_x": {"evidence": "e"}}),
      "sections.claims['ch3_x'] must be an object with a string status"),
+    (lambda d: d["sections"].update(dpsgd={"runs": []}),
+     "sections.dpsgd.runs must be a non-empty list"),
+    (lambda d: d["sections"].update(dpsgd={"runs": [{"n": 8, "threads": "1", "steps": {}}]}),
+     "sections.dpsgd.runs[0] must have int n and threads"),
+    (lambda d: d["sections"].update(dpsgd={"runs": [{"n": 8, "threads": 1, "steps": {
+        "BackPACK BatchGrad": {"median_s": 0.1}}}]}),
+     "sections.dpsgd.runs[0].steps['BackPACK BatchGrad'] must have numbers"),
 ])
 def test_validate_names_the_problem(change, problem):
     data = _record()

@@ -2,11 +2,12 @@
 pick instead, timed in one interleaved run, and the grouped-vs-im2col crossover.
 
 * ``WEIGHT_ROUTES``: given the input and ``grad_output``, every sample's weight
-  gradient: convlab's ``grouped`` and ``im2col`` routes
+  gradient: convlab's ``grouped``, ``im2col`` and ``auto`` routes
   (:func:`convlab.scratch.per_sample.per_sample_weight_grad`), ``torch.func.vmap`` over
-  ``convolution_backward``, Opacus's grad sampler (``F.unfold`` + ``einsum``), ``unfoldNd``
-  (BackPACK's unfold package) + ``einsum``, and BackPACK's ``BatchGrad`` derivative (a
-  grouped convolution with input and ``grad_output`` swapped);
+  ``convolution_backward``, Opacus's ``nn.Conv2d`` grad sampler (its own unfold,
+  ``F.pad`` + ``as_strided``, then ``einsum``), ``unfoldNd`` (BackPACK's unfold package)
+  + ``einsum``, and BackPACK's ``BatchGrad`` derivative (a forward convolution with
+  ``C_in * N`` groups and ``grad_output`` repeated ``C_in / groups`` times as its weight);
 * ``STEP_ROUTES``: a forward plus a per-sample backward, as a training step runs it:
   ``vmap(grad(...))``, ExpandedWeights (``torch.nn.utils._per_sample_grad``), a loop of one
   backward per sample, and the forward alone;
@@ -67,7 +68,9 @@ def routes(layer: tuple[int, int, int, int, int] = LAYER
             mask)[1]
 
     weight: dict[str, Callable[[], torch.Tensor] | str] = {
-        "convlab grouped": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad),
+        "convlab grouped": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
+                                                          method="grouped"),
+        "convlab auto": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad),
         "convlab im2col": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
                                                          method="im2col"),
         "vmap(conv backward)": lambda: vmap(backward_only)(x, go),

@@ -110,6 +110,8 @@ def validate(data: object) -> list[str]:
                         "(changed: true, false or null)")
     if "claims" in data["sections"] and "error" not in data["sections"]["claims"]:
         problems += _claims_problems(data["sections"]["claims"])
+    if "dpsgd" in data["sections"] and "error" not in data["sections"]["dpsgd"]:
+        problems += _dpsgd_problems(data["sections"]["dpsgd"])
     try:
         dt.datetime.fromisoformat(data["created"].replace("Z", "+00:00"))
     except ValueError:
@@ -122,6 +124,32 @@ def _claims_problems(claims: dict[str, Any]) -> list[str]:
     return [f"sections.claims[{cid!r}] must be an object with a string status"
             for cid, outcome in claims.items()
             if not (isinstance(outcome, dict) and isinstance(outcome.get("status"), str))]
+
+
+DPSGD_ROW_KEYS: tuple[str, ...] = ("median_s", "min_s", "calls_per_round", "peak_mb")
+
+
+def _dpsgd_problems(section: dict[str, Any]) -> list[str]:
+    """The optional ``dpsgd`` section (:func:`convlab.lab.dpsgd.record`): ``runs``, each
+    with ``n``, ``threads`` and ``steps``: step name -> its numbers or ``{"skipped": why}``."""
+    runs = section.get("runs")
+    if not isinstance(runs, list) or not runs:
+        return ["sections.dpsgd.runs must be a non-empty list"]
+    problems = []
+    for i, run in enumerate(runs):
+        where = f"sections.dpsgd.runs[{i}]"
+        if not (isinstance(run, dict) and all(_is(run.get(k), int) for k in ("n", "threads"))
+                and isinstance(run.get("steps"), dict)):
+            problems.append(f"{where} must have int n and threads and a steps object")
+            continue
+        for name, row in run["steps"].items():
+            if isinstance(row, dict) and isinstance(row.get("skipped"), str):
+                continue
+            if not (isinstance(row, dict)
+                    and all(_is(row.get(k), (int, float)) for k in DPSGD_ROW_KEYS)):
+                problems.append(f"{where}.steps[{name!r}] must have numbers "
+                                f"{', '.join(DPSGD_ROW_KEYS)} or a skipped reason")
+    return problems
 
 
 def validate_manifest(data: object, slug: str | None = None) -> list[str]:

@@ -61,6 +61,8 @@ SECTIONS: dict[str, str] = {
     # the from-scratch backward, simple and fast (optional in older records)
     "reference_speed": "convlab.lab.reference_speed:record",
     "per_sample": "convlab.lab.per_sample_timing:record",
+    "per_sample_auto": "convlab.lab.per_sample_auto:record",
+    "dpsgd": "convlab.lab.dpsgd:record",
     "numerics": "convlab.lab.numerics:record",
     # each claim of the book checked under this setting (optional in older records)
     "claims": "convlab.lab.claims:record_outcomes",

@@ -4,37 +4,57 @@ A convolution's weight gradient is a sum over the batch,
 ``grad_weight = sum_n grad_output_n · columns_nᵀ`` (per group). Keeping the terms of that
 sum apart instead of adding them gives every sample's own gradient, which is what
 differentially private training (DP-SGD) clips, or what gradient-noise and influence
-estimates need. Two routes compute all of them at once:
+estimates need. Three routes compute all of them at once:
 
 * ``"grouped"``: fold the batch into the channels and run **one grouped weight-gradient
   convolution** (``groups * N`` groups) on whatever backend ATen selects; this is what
   ``torch.func.vmap``'s batching rule for ``convolution_backward`` does, and the trick that
-  Rochette, Manoel and Tramel (2019, https://arxiv.org/abs/1912.06015) describe. BackPACK's
-  ``BatchGrad`` uses the same trick with input and ``grad_output`` in swapped roles (or,
-  with ``weight_jac_t_save_memory``, their higher-order convolution);
-  ExpandedWeights takes it for ungrouped convs below batch 32.
+  Rochette, Manoel and Tramel (2019, https://arxiv.org/abs/1912.06015) describe.
+  ExpandedWeights takes it for ungrouped convs below batch 32. BackPACK's ``BatchGrad``
+  (``backpack/core/derivatives/convnd.py``) instead runs a *forward* convolution with
+  ``C_in * N`` groups, one input channel per group, ``grad_output`` repeated
+  ``C_in / groups`` times as its weight, and stride and dilation swapped.
+* ``"grouped_cl"``: the same grouped backward with the folded input and ``grad_output`` in
+  channels-last memory. oneDNN then reads them without reordering them to its blocked
+  layout, and with few channels per group it runs its JIT kernel (on padded weights)
+  where the NCHW call falls back to its GEMM (``ONEDNN_VERBOSE`` on the AVX-512 machine
+  of the sweep: ``jit:avx512_core`` against ``x64:gemm:jit`` at 1 and 3 channels per
+  group).
 * ``"im2col"``: build the im2col columns and contract them with ``grad_output`` in one
-  batched GEMM (an ``einsum``), as Opacus's grad sampler does (``F.unfold`` + ``einsum``)
-  and ExpandedWeights otherwise; it materialises the columns,
-  ``N * C_in * prod(k) * prod(O)`` values.
+  batched GEMM (an ``einsum``), chunk by chunk over the samples so that the columns of one
+  chunk stay under ``CHUNK_BYTES``; Opacus's ``nn.Conv2d`` grad sampler does the same
+  contraction on its own unfold (``F.pad`` + ``as_strided``; for ``groups > 1`` it
+  contracts over every pair of groups and keeps the diagonal, ``groups`` times the work),
+  and ExpandedWeights does it from batch 32 on.
+
+``"auto"`` (the default) picks one of them with :func:`choose_method`, a rule fitted on a
+timed sweep (channels per group, batch, kernel, threads, instruction set); its docstring
+gives the rule and the sweep it came from.
 
 The bias gradient of sample ``n`` is ``grad_output_n`` summed over its positions.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
+import os
 from collections.abc import Sequence
 
 import torch
 
 from convlab.scratch.im2col import im2col
 from convlab.scratch.params import ConvParams, IntOrSeq, check_same, check_tensor
+from convlab.scratch.reference import CHUNK_BYTES
 
-__all__ = ["METHODS", "per_sample_bias_grad", "per_sample_weight_grad"]
+__all__ = ["METHODS", "ROUTES", "choose_method", "onednn_block", "per_sample_bias_grad",
+           "per_sample_weight_grad"]
 
-METHODS: tuple[str, ...] = ("grouped", "im2col")
+ROUTES: tuple[str, ...] = ("grouped", "grouped_cl", "im2col")
+METHODS: tuple[str, ...] = ("auto", *ROUTES)
+# oneDNN's vector block (channels per register) for the ISA caps that change it.
+_BLOCKS: tuple[tuple[str, int], ...] = (("AVX512", 16), ("AVX10", 16), ("AVX2", 8))
 
 
 def _weight_size(weight_size: object) -> tuple[int, ...]:
@@ -54,6 +74,80 @@ def _weight_size(weight_size: object) -> tuple[int, ...]:
     return size
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+@functools.cache
+def _block(cap: str | None, flags: frozenset[str]) -> int:
+    cpu = 16 if "avx512f" in flags else 8 if "avx2" in flags else 0
+    if cap is None or cap.upper() in ("", "ALL", "DEFAULT"):
+        return cpu
+    for prefix, width in _BLOCKS:
+        if cap.upper().startswith(prefix):
+            return min(cpu, width)
+    return 0  # SSE41 and below: no JIT backward-weights kernel (oneDNN's GEMM fallback)
+
+
+def onednn_block() -> int:
+    """Channels in one of oneDNN's vector registers for float32 here: 16 on AVX-512, 8 on
+    AVX2, 0 where its convolution backward has no JIT kernel (SSE4.1 caps, non-x86 CPUs),
+    from the CPU's flags capped by ``ONEDNN_MAX_CPU_ISA`` (which oneDNN reads at start)."""
+    if not torch.backends.mkldnn.is_available():
+        return 0
+    return _block(os.environ.get("ONEDNN_MAX_CPU_ISA"), frozenset(_cpu_flags()))
+
+
+def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
+                  dtype: torch.dtype = torch.float32, block: int | None = None) -> str:
+    """The route ``method="auto"`` takes: ``"grouped"``, ``"grouped_cl"`` or ``"im2col"``.
+
+    ``n`` samples, ``channels_per_group`` ``c`` = ``C_in / groups``, ``kernel`` the
+    kernel's sizes (``taps`` = their product) and ``block`` ``b`` (default:
+    :func:`onednn_block`); not the thread count (see below).
+    The rule, first match wins:
+
+    1. ``b == 0`` (no oneDNN JIT kernel) or a dtype oneDNN does not take (float64):
+       ``im2col``; ATen's fallbacks for a grouped backward loop over the groups.
+    2. ``taps == 1``: ``im2col`` for depthwise layers and for ``c < b / 2`` with
+       ``n > 1`` (the columns are the input itself), else ``grouped``.
+    3. Depthwise (``c == 1``): ``grouped`` up to 3x3, ``grouped_cl`` from 5x5 on.
+    4. Few channels (``c < b / 2``, e.g. a 3-channel stem): ``grouped`` for one sample;
+       else ``grouped_cl`` from 5x5 on with 16-wide blocks, ``im2col`` otherwise.
+    5. 8-wide blocks and ``n * c >= 4096``: ``im2col``.
+    6. Otherwise ``grouped``.
+
+    Fitted on :func:`convlab.lab.per_sample_auto.sweep` (channels per group 1, 3, 8, 16,
+    64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads; 16x16, float32) on a 2-core Intel
+    Xeon at oneDNN's AVX-512 and AVX2 settings (b = 16 and 8). Threads do not enter: the
+    2-thread runs on that shared machine stalled at random (at 20 of each setting's 60
+    points a route took 10 to 390 times its 1-thread time), so they gave no consistent
+    crossover to fit.
+    """
+    block = onednn_block() if block is None else block
+    c, taps = channels_per_group, math.prod(kernel)
+    if dtype not in (torch.float32, torch.bfloat16) or block == 0:
+        return "im2col"
+    if taps == 1:
+        return "im2col" if c == 1 or (2 * c < block and n > 1) else "grouped"
+    if c == 1:
+        return "grouped" if taps <= 9 else "grouped_cl"
+    if 2 * c < block:
+        if n == 1:
+            return "grouped"
+        return "grouped_cl" if block >= 16 and taps >= 25 else "im2col"
+    if block <= 8 and n * c >= 4096:
+        return "im2col"
+    return "grouped"
+
+
 def per_sample_weight_grad(
     input: torch.Tensor,
     weight_size: Sequence[int],
@@ -62,16 +156,17 @@ def per_sample_weight_grad(
     padding: IntOrSeq = 0,
     dilation: IntOrSeq = 1,
     groups: int = 1,
-    method: str = "grouped",
+    method: str = "auto",
 ) -> torch.Tensor:
     """Weight gradient of each sample of a (non-transposed) N-d convolution.
 
     Arguments follow :func:`torch.nn.grad.conv2d_weight` (ints or tuples).
     Shapes: input ``[N, C_in, *S]``, weight_size ``[C_out, C_in/groups, *k]``,
     grad_output ``[N, C_out, *O]``. ``method`` is ``"grouped"`` (one grouped convolution
-    backward, no column buffer) or ``"im2col"`` (columns and a batched GEMM).
-    Returns ``[N, C_out, C_in/groups, *k]``; its sum over the first dimension is the usual
-    ``grad_weight``.
+    backward, no column buffer), ``"grouped_cl"`` (the same in channels-last memory),
+    ``"im2col"`` (columns and a batched GEMM, chunked over the samples) or ``"auto"``
+    (:func:`choose_method`). Returns ``[N, C_out, C_in/groups, *k]``; its sum over the
+    first dimension is the usual ``grad_weight``.
 
     >>> x, go = torch.randn(4, 3, 8, 8), torch.randn(4, 6, 6, 6)
     >>> per_sample_weight_grad(x, (6, 3, 3, 3), go).shape
@@ -81,7 +176,7 @@ def per_sample_weight_grad(
     check_tensor(grad_output, "grad_output")
     check_same(input, grad_output, "input", "grad_output")
     weight_size = _weight_size(weight_size)
-    if method not in METHODS:
+    if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
     p = ConvParams.create(len(weight_size) - 2, stride, padding, dilation, False, 0, groups)
     p.check_shapes(tuple(input.shape), weight_size)
@@ -94,19 +189,26 @@ def per_sample_weight_grad(
     n = input.shape[0]
     if n == 0 or math.prod(weight_size) == 0:
         return input.new_zeros((n, *weight_size))
-    if method == "grouped":
-        return _grouped(input, weight_size, grad_output, p)
-    return _im2col(input, weight_size, grad_output, p, expected[2:])
+    if method == "auto":
+        method = (choose_method(n, weight_size[1], weight_size[2:], input.dtype)
+                  if input.device.type == "cpu" else "grouped")
+    if method == "im2col":
+        return _im2col(input, weight_size, grad_output, p, expected[2:])
+    return _grouped(input, weight_size, grad_output, p, method == "grouped_cl")
 
 
 def _grouped(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torch.Tensor,
-             p: ConvParams) -> torch.Tensor:
+             p: ConvParams, channels_last: bool = False) -> torch.Tensor:
     """Samples as groups: input ``[1, N*C_in, *S]``, grad_output ``[1, N*C_out, *O]``,
     ``N * groups`` groups; the grouped weight gradient ``[N*C_out, C_in/groups, *k]`` holds
-    every sample's gradient, one block of C_out rows per sample."""
+    every sample's gradient, one block of C_out rows per sample. ``channels_last`` (4-d
+    and 5-d) hands both over in channels-last memory."""
     n = input.shape[0]
     x = input.reshape(1, n * input.shape[1], *input.shape[2:])
     gy = grad_output.reshape(1, n * grad_output.shape[1], *grad_output.shape[2:])
+    if channels_last and x.dim() in (4, 5):
+        fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
+        x, gy = x.contiguous(memory_format=fmt), gy.contiguous(memory_format=fmt)
     # Only the weight's shape matters for grad_weight: a zero-stride placeholder.
     placeholder = input.new_zeros(()).expand(n * weight_size[0], *weight_size[1:])
     stride, padding, dilation, transposed, output_padding, groups = p.aten_args()
@@ -119,15 +221,22 @@ def _grouped(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: tor
 
 def _im2col(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torch.Tensor,
             p: ConvParams, out_size: Sequence[int]) -> torch.Tensor:
+    """Columns ``[G, C/G*k, n*L]`` of a chunk of ``n`` samples (at most ``CHUNK_BYTES``,
+    at least one sample), contracted with its ``grad_output`` in one batched GEMM per
+    chunk: ``[K/G, L] @ [L, C/G*k]`` per sample and group."""
     n, g = input.shape[0], p.groups
     positions = math.prod(out_size)
-    # Columns [G, C/G*k, N*L]: the sample index is the outer part of the last dimension.
-    cols = im2col(input, weight_size[2:], out_size, p.stride, p.padding, p.dilation, g)
-    cols = cols.reshape(g, cols.shape[1], n, positions)
-    gy = grad_output.reshape(n, g, weight_size[0] // g, positions)
-    # One GEMM per (sample, group): [K/G, L] @ [L, C/G*k].
-    grads = torch.einsum("ngol,gcnl->ngoc", gy, cols)
-    return grads.reshape(n, *weight_size)
+    sample_bytes = input.element_size() * input.shape[1] * math.prod(weight_size[2:]) * positions
+    step = max(1, CHUNK_BYTES // max(1, sample_bytes))
+    out = input.new_empty((n, g, weight_size[0] // g, math.prod(weight_size[1:])))
+    for lo in range(0, n, step):
+        x = input[lo:lo + step]
+        m = x.shape[0]
+        cols = im2col(x, weight_size[2:], out_size, p.stride, p.padding, p.dilation, g)
+        cols = cols.reshape(g, cols.shape[1], m, positions)
+        gy = grad_output[lo:lo + step].reshape(m, g, weight_size[0] // g, positions)
+        out[lo:lo + m] = torch.einsum("ngol,gcnl->ngoc", gy, cols)
+    return out.reshape(n, *weight_size)
 
 
 def per_sample_bias_grad(grad_output: torch.Tensor) -> torch.Tensor:

@@ -122,7 +122,8 @@ def check_grouped_gemm_fallback_few_channels() -> Outcome:
     from convlab.lab.profiling import onednn_trace
 
     x, go = randn(8, 3, 32, 32), randn(8, 16, 32, 32, seed=2)
-    calls = onednn_trace(lambda: per_sample_weight_grad(x, (16, 3, 5, 5), go, 1, 2))
+    calls = onednn_trace(lambda: per_sample_weight_grad(x, (16, 3, 5, 5), go, 1, 2,
+                                                       method="grouped"))
     impls = sorted({c.impl for c in calls if c.prop == "backward_weights"})
     if not impls:
         return cannot("oneDNN ran no backward_weights for the grouped route here")
@@ -147,7 +148,8 @@ def _grouped_vs_expanded() -> tuple[list[str], list[str]]:
     def name(c: Any) -> str:
         return f"{c.prop} {c.impl}"
 
-    grouped = onednn_trace(lambda: per_sample_weight_grad(x, (c_out, c_in, k, k), go, 1, 1))
+    grouped = onednn_trace(lambda: per_sample_weight_grad(
+        x, (c_out, c_in, k, k), go, 1, 1, method="grouped"))
     return ([name(c) for c in grouped if c.op == "convolution"],
             [name(c) for c in onednn_trace(expanded) if c.op == "convolution"])
 

@@ -1,0 +1,89 @@
+"""The sweep behind ``per_sample_weight_grad(method="auto")``: every route of
+``convlab.scratch.per_sample.ROUTES`` timed on a coarse grid of layers (channels per
+group, batch, kernel, threads), with the route
+:func:`~convlab.scratch.per_sample.choose_method` picks and its time over the fastest
+route's.
+
+Each grid point is one interleaved run (:func:`convlab.lab.timing.interleaved`) of the
+routes on a 16x16 image, stride 1, ``padding = k // 2``, float32. :func:`record` is the
+``per_sample_auto`` section of :mod:`convlab.lab.records`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import statistics
+from collections.abc import Callable
+
+import torch
+
+from convlab.lab import timing
+from convlab.scratch.per_sample import ROUTES, choose_method, onednn_block, per_sample_weight_grad
+
+__all__ = ["GRID", "LAYERS", "layer", "point", "record", "sweep", "worst"]
+
+# channels per group -> (C_in, C_out, groups): depthwise, a 3-channel stem, grouped, ResNet.
+LAYERS: dict[int, tuple[int, int, int]] = {
+    1: (16, 16, 16), 3: (3, 16, 1), 8: (16, 16, 2), 16: (16, 32, 1), 64: (64, 64, 1),
+}
+GRID: dict[str, tuple[int, ...]] = {
+    "channels_per_group": tuple(LAYERS), "n": (1, 8, 64), "kernel": (1, 3, 5, 7),
+    "threads": (1, 2),
+}
+QUICK_GRID: dict[str, tuple[int, ...]] = {
+    "channels_per_group": (1, 16), "n": (8,), "kernel": (3,), "threads": (1,),
+}
+SIZE = 16
+
+
+def layer(channels_per_group: int, n: int, kernel: int, seed: int = 0
+          ) -> tuple[torch.Tensor, tuple[int, int, int, int], torch.Tensor, int]:
+    """``(input, weight_size, grad_output, groups)`` of one grid point."""
+    c_in, c_out, groups = LAYERS[channels_per_group]
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c_in, SIZE, SIZE, generator=gen)
+    go = torch.randn(n, c_out, SIZE, SIZE, generator=gen)
+    return x, (c_out, c_in // groups, kernel, kernel), go, groups
+
+
+def point(channels_per_group: int, n: int, kernel: int, threads: int,
+          quick: bool = False) -> dict[str, object]:
+    """One grid point: median seconds per route, the fastest, the auto choice and its
+    ratio to the fastest (1.0 when it is the fastest)."""
+    x, size, go, groups = layer(channels_per_group, n, kernel)
+    fns: dict[str, Callable[[], object]] = {
+        m: (lambda m=m: per_sample_weight_grad(x, size, go, 1, kernel // 2, 1, groups,
+                                               method=m))
+        for m in ROUTES}
+    t = timing.interleaved(fns, rounds=3 if quick else 5, min_run_time=0.005 if quick
+                           else 0.02, threads=threads, min_calls=1 if quick else 3)
+    seconds = {m: t[m].median for m in ROUTES}
+    fastest = min(seconds, key=seconds.__getitem__)
+    auto = choose_method(n, size[1], size[2:], torch.float32)
+    ratios = timing.round_ratios(t[auto], t[fastest])
+    return {"channels_per_group": channels_per_group, "n": n, "kernel": kernel,
+            "threads": threads, "seconds": seconds, "fastest": fastest, "auto": auto,
+            "auto_over_fastest": statistics.median(ratios)}
+
+
+def sweep(quick: bool = False) -> list[dict[str, object]]:
+    """Every point of ``GRID`` (``QUICK_GRID`` if quick)."""
+    grid = QUICK_GRID if quick else GRID
+    before = torch.get_num_threads()
+    try:
+        return [point(c, n, k, th, quick) for c, n, k, th in itertools.product(
+            grid["channels_per_group"], grid["n"], grid["kernel"], grid["threads"])]
+    finally:
+        torch.set_num_threads(before)
+
+
+def worst(points: list[dict[str, object]]) -> dict[str, object]:
+    """The point where the auto route is furthest from the fastest."""
+    return max(points, key=lambda p: float(p["auto_over_fastest"]))
+
+
+def record(quick: bool = False) -> dict[str, object]:
+    """The ``per_sample_auto`` record section: the sweep, the block it ran with and the
+    auto route's worst ratio to the fastest route."""
+    points = sweep(quick)
+    return {"block": onednn_block(), "size": SIZE, "points": points, "worst": worst(points)}

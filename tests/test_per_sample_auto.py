@@ -1,0 +1,34 @@
+"""convlab.lab.per_sample_auto: the sweep's record has every route at every point and names
+the auto route's worst point. No assertion on a time."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from convlab.lab import per_sample_auto as psa
+from convlab.scratch.per_sample import ROUTES, per_sample_weight_grad
+
+
+def test_grid_layers_have_their_channels_per_group() -> None:
+    for cpg in psa.GRID["channels_per_group"]:
+        x, size, go, groups = psa.layer(cpg, 2, 3)
+        assert size[1] == cpg and x.shape[1] == cpg * groups
+        got = per_sample_weight_grad(x, size, go, 1, 1, 1, groups)
+        assert got.shape == (2, *size)
+
+
+def test_record_quick_structure() -> None:
+    before = torch.get_num_threads()
+    rec = psa.record(quick=True)
+    assert torch.get_num_threads() == before
+    json.dumps(rec)
+    assert len(rec["points"]) == 2
+    for p in rec["points"]:
+        assert set(p["seconds"]) == set(ROUTES)
+        assert p["fastest"] in ROUTES and p["auto"] in ROUTES
+        assert p["auto_over_fastest"] > 0
+    assert rec["worst"] in rec["points"]
+    assert rec["worst"]["auto_over_fastest"] == max(p["auto_over_fastest"]
+                                                    for p in rec["points"])

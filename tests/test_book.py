@@ -113,16 +113,13 @@ def test_notebook_uses_the_shared_setup(path: Path) -> None:
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
-def test_chapter_sums_up_in_a_what_we_saw_box(path: Path) -> None:
-    """The box sits in the chapter's ``## Summary`` section (the exercises and the report
-    link follow it: tests/test_lesson_shape.py), or ends a chapter that has none."""
+def test_summary_section_holds_the_what_we_saw_box(path: Path) -> None:
+    """The chapter's ``## Summary`` cell is its "What we saw" box (exercises follow it)."""
     nb = nbformat.read(path, as_version=4)
-    markdown = [c.source for c in nb.cells if c.cell_type == "markdown"]
-    summary = [s for s in markdown if SUMMARY_HEADING in s.splitlines()]
-    where = summary[0] if summary else markdown[-1].lstrip()
-    assert (SUMMARY_BOX in where) if summary else where.startswith(SUMMARY_BOX), (
-        f"put {SUMMARY_BOX!r} in the {SUMMARY_HEADING!r} section, found {where[:60]!r}"
-    )
+    summaries = [c.source for c in nb.cells
+                 if c.cell_type == "markdown" and SUMMARY_HEADING in c.source.splitlines()]
+    assert len(summaries) == 1, f"want one {SUMMARY_HEADING!r} cell, found {len(summaries)}"
+    assert SUMMARY_BOX in summaries[0], f"the summary cell must hold {SUMMARY_BOX!r}"
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)

@@ -466,12 +466,13 @@ def test_stream_arrays_are_four_times_the_last_level_cache(llc, available, eleme
 def test_mkl_cap_says_whether_mkl_took_the_cap():
     avx2 = setting("avx2")
     fp = {"blas": {"mkl_path": "Intel(R) AVX2 enabled processors"}}
-    assert records.mkl_cap(avx2, fp, "Intel(R) AVX-512 ...") == {
+    assert isa_settings.mkl_cap(avx2, fp, "Intel(R) AVX-512 ...") == {
         "env": "AVX2", "path": "Intel(R) AVX2 enabled processors",
         "default_path": "Intel(R) AVX-512 ...", "changed": True}
     generic = {"blas": {"mkl_path": "Intel(R) Architecture processors"}}  # MKL on AMD
-    assert records.mkl_cap(avx2, generic, "Intel(R) Architecture processors")["changed"] is False
-    assert records.mkl_cap(avx2, {"blas": {}}, None)["changed"] is None  # no MKL
+    same = isa_settings.mkl_cap(avx2, generic, "Intel(R) Architecture processors")
+    assert same["changed"] is False
+    assert isa_settings.mkl_cap(avx2, {"blas": {}}, None)["changed"] is None  # no MKL
     data = _record()
     data["mkl_cap"] = {"env": "AVX2", "path": None}
     assert any("'mkl_cap' must be an object" in p for p in record_schema.validate(data))

@@ -96,8 +96,11 @@ def test_resolvable_shrinks_with_rounds_and_noise():
     assert r6 > r20 > r100 > 1
     assert effect.resolvable(quiet, 6) < r6
     band = band_from_ratios(noisy)
-    # all rounds needed: the band's edge times the largest A/A gap
-    assert r6 == pytest.approx((1 + band) * max(max(noisy), 1 / min(noisy)))
+    # 6 rounds: all 6 needed, each with p = 0.5 ** (1 / 6) = 0.891 for power 1/2, so
+    # the band's edge times the A/A gap at the 2 p - 1 = 78.2 % quantile
+    gaps = sorted(abs(math.log(r)) for r in noisy)
+    level = 2 * 0.5 ** (1 / 6) - 1
+    assert r6 == pytest.approx((1 + band) * math.exp(gaps[math.ceil(level * 60) - 1]))
     assert r100 >= 1 + band
 
 
@@ -119,6 +122,7 @@ def test_summary_from_rounds():
     out = effect.ratio_summary(xs, ys, [1.01, 0.99, 1.02, 0.98])
     assert out["median"] == pytest.approx(2.1) and out["rounds"] == 6
     assert out["ci_low"] == pytest.approx(2.0) and out["ci_high"] == pytest.approx(2.3)
-    assert out["resolvable"] == pytest.approx(1.02 * 1.02 / 1.0, rel=0.01)
+    # 4 A/A ratios: the 78 % quantile of their gaps is the largest, 1/0.98
+    assert out["resolvable"] == pytest.approx((1 / 0.98) ** 2)
     assert effect.ratio_summary(xs, ys, None)["resolvable"] is None
     assert effect.ratio_summary(xs[:4], ys[:4], [1.01])["resolvable"] is None

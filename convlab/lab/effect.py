@@ -9,14 +9,18 @@ the effect size beside it, computed from the per-round times a record stores:
   with ``P(Binomial(n, 1/2) < k) <= alpha / 2``). It assumes only that the rounds are
   independent draws of one ratio distribution; its coverage is at least ``1 - alpha``,
   and is stated exactly (with few rounds the interval is the whole range).
-* :func:`resolvable`: the smallest ratio the run's sign test calls "slower" in a typical
-  run, from the A/A ratios (the noise) and the number of rounds. The sign test needs
-  ``m`` of ``n`` rounds beyond the band's edge ``1 + band``; a round of a true ratio
-  ``R`` is beyond it when its noise factor ``e`` has ``log e > log(1 + band) - log R``.
-  With the noise symmetric about 1 (an A/A pair), that holds in a fraction ``m / n`` of
-  rounds when ``log R = log(1 + band) + Q(2 m / n - 1)``, ``Q`` the quantile of
-  ``|log e|`` over the A/A ratios. With all ``n`` rounds needed (few rounds) this is
-  about ``(1 + band)^2``; with many rounds it falls to ``1 + band``.
+* :func:`resolvable`: the smallest ratio the run's sign test calls "slower" at least
+  every other time (power 1/2), from the A/A ratios (the noise) and the number of
+  rounds. The sign test needs ``m`` of ``n`` rounds beyond the band's edge ``1 + band``;
+  a round of a true ratio ``R`` is beyond it when its noise factor ``e`` has
+  ``log e > log(1 + band) - log R``, with probability ``p``; the test then says "slower"
+  with probability ``P(Binomial(n, p) >= m)``, which reaches 1/2 at some ``p*``. With
+  the noise symmetric about 1 (an A/A pair), ``P(log e > -t) = (1 + F(t)) / 2`` for
+  ``F`` the distribution of ``|log e|`` over the A/A ratios, so
+  ``log R = log(1 + band) + Q(2 p* - 1)``, ``Q`` the quantile of ``|log e|``. With 6
+  rounds (all 6 needed, ``p* = 0.89``) that is the band's edge times the 78th
+  percentile of the A/A gaps; with many rounds ``p*`` falls towards 1/2 and ``R``
+  towards ``1 + band``.
 
 >>> ci = median_ci([1.10, 1.25, 1.18, 1.30, 1.21, 1.15, 1.22])
 >>> (round(ci.median, 2), round(ci.low, 2), round(ci.high, 2), round(ci.coverage, 3))
@@ -118,9 +122,23 @@ def resolvable(aa_ratios: Iterable[float], rounds: int, alpha: float = ALPHA,
     if m is None:
         return math.inf
     logs = sorted(abs(math.log(r)) for r in aa)
-    level = 2 * m / rounds - 1
+    level = 2 * power_half(m, rounds) - 1
     at = logs[max(math.ceil(level * len(logs)) - 1, 0)] if level > 0 else 0.0
     return (1 + band) * math.exp(at)
+
+
+def power_half(m: int, n: int) -> float:
+    """The round probability ``p`` at which ``P(Binomial(n, p) >= m) = 1/2`` (bisection).
+
+    >>> round(power_half(6, 6), 4), round(power_half(15, 20), 2)
+    (0.8909, 0.72)
+    """
+    low, high = 0.0, 1.0
+    for _ in range(60):
+        p = (low + high) / 2
+        at_least = sum(math.comb(n, k) * p**k * (1 - p)**(n - k) for k in range(m, n + 1))
+        low, high = (p, high) if at_least < 0.5 else (low, p)
+    return (low + high) / 2
 
 
 def ratio_summary(x_rounds: Sequence[float], y_rounds: Sequence[float],

@@ -73,7 +73,7 @@ CLOCK_ENV = "CONVLAB_CLOCK"
 
 
 def check_clock(clock: object, name: str = "clock") -> str:
-    """``clock`` as one of :data:`CLOCKS` (``ValueError`` naming ``name`` otherwise)."""
+    """``clock`` as one of ``CLOCKS`` (``ValueError`` naming ``name`` otherwise)."""
     if not isinstance(clock, str) or clock not in CLOCKS:
         raise ValueError(f"{name} must be one of {', '.join(CLOCKS)}, got {clock!r}")
     return clock

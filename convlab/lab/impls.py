@@ -35,8 +35,9 @@ def conv_impls(calls: Iterable[profiling.OneDNNCall]) -> dict[str, str]:
     """Pass (oneDNN's propagation kind) -> implementation of the (de)convolution
     primitives in ``calls``, the first of each pass.
 
-    >>> line = ("onednn_verbose,v1,primitive,exec,cpu,convolution,jit:avx2,backward_data,"
-    ...         "src:f32:a:blocked:aBcd8b::f0,attr-scratchpad:user,,mb8,0.5")
+    >>> line = ("onednn_verbose,v1,primitive,exec,cpu,"
+    ...         "convolution,jit:avx2,backward_data,"
+    ...         "src:f32:a:blocked:aBcd8b::f0,,,mb8,0.5")
     >>> conv_impls(profiling.parse_trace([line]))
     {'backward_data': 'jit:avx2'}
     """

@@ -23,8 +23,8 @@ the effect size beside it, computed from the per-round times a record stores:
   towards ``1 + band``.
 
 >>> ci = median_ci([1.10, 1.25, 1.18, 1.30, 1.21, 1.15, 1.22])
->>> (round(ci.median, 2), round(ci.low, 2), round(ci.high, 2), round(ci.coverage, 3))
-(1.21, 1.1, 1.3, 0.984)
+>>> str(ci), round(ci.coverage, 3)
+('x1.21 [1.10, 1.30]', 0.984)
 """
 
 from __future__ import annotations

@@ -23,7 +23,7 @@ help:
 	@echo "make notebooks   re-execute every chapter in place (NB=book/x.ipynb for one)"
 	@echo "make gpu-check   on a CUDA machine: CUDA tests + every notebook on the GPU"
 	@echo "make bench       benchmarks (never part of make test)"
-	@echo "make records [QUICK=1] [SECTIONS=\"suite roofline\"]  measurement records per ISA"
+	@echo "make records [QUICK=1] [SECTIONS=\"suite roofline\"] [CLOCK=cpu]  records per ISA"
 	@echo "make compat TORCH=2.9.1 [RECORD=1] [CPP_ONLY=1]  chapters + tests (or only the C++ program) on another torch"
 	@echo "make clean       remove _build and caches (keeps .venv)"
 
@@ -88,7 +88,7 @@ bench: $(STAMP)
 # book/data/records/<machine>__<isa>.json: every section under each ISA this CPU offers,
 # one fresh process per ISA (see convlab/lab/records.py). Never part of `make test`.
 records: $(STAMP)
-	$(PY) -m convlab.lab.records $(if $(QUICK),--quick) $(if $(SECTIONS),--sections "$(SECTIONS)")
+	$(PY) -m convlab.lab.records $(if $(QUICK),--quick) $(if $(SECTIONS),--sections "$(SECTIONS)") $(if $(CLOCK),--clock $(CLOCK))
 
 # Another torch from the package registry in a throwaway venv, convlab installed as on Colab.
 # Not part of `make test`: each version downloads a multi-GB wheel.

@@ -234,9 +234,11 @@ def test_run_section_keeps_an_error_as_one_line(monkeypatch):
 
 
 FAKE_SECTIONS = ("import os, torch\n"
+                 "from convlab.lab import timing\n"
                  "def record(quick=False):\n"
                  "    return {'capability': torch.backends.cpu.get_cpu_capability(),\n"
                  "            'cap': os.environ.get('ONEDNN_MAX_CPU_ISA'),\n"
+                 "            'clock': timing.default_clock(),\n"
                  "            'quick': quick, 'nan': float('nan')}\n"
                  "def fails(quick=False):\n"
                  "    raise RuntimeError('broken\\nsecond line')\n")
@@ -301,6 +303,7 @@ def test_runner_writes_a_checked_record_or_a_reason_per_setting(tmp_path):
         rec = got[isa.label]
         assert rec.env == isa.env and rec.quick is True
         assert rec.sections["fake"]["capability"] == isa.aten
+        assert rec.clock == rec.section_clock("fake") == rec.sections["fake"]["clock"] == "wall"
         assert rec.sections["fake"]["nan"] is None  # NaN stored as null
         assert rec.sections["bad"] == {"error": "RuntimeError: broken"}
         assert isa_settings.check_setting(isa, rec.fingerprint) == []
@@ -474,12 +477,51 @@ def test_stream_arrays_are_four_times_the_last_level_cache(llc, available, eleme
 def test_mkl_cap_says_whether_mkl_took_the_cap():
     avx2 = setting("avx2")
     fp = {"blas": {"mkl_path": "Intel(R) AVX2 enabled processors"}}
-    assert records.mkl_cap(avx2, fp, "Intel(R) AVX-512 ...") == {
+    assert isa_settings.mkl_cap(avx2, fp, "Intel(R) AVX-512 ...") == {
         "env": "AVX2", "path": "Intel(R) AVX2 enabled processors",
         "default_path": "Intel(R) AVX-512 ...", "changed": True}
     generic = {"blas": {"mkl_path": "Intel(R) Architecture processors"}}  # MKL on AMD
-    assert records.mkl_cap(avx2, generic, "Intel(R) Architecture processors")["changed"] is False
-    assert records.mkl_cap(avx2, {"blas": {}}, None)["changed"] is None  # no MKL
+    same = isa_settings.mkl_cap(avx2, generic, "Intel(R) Architecture processors")
+    assert same["changed"] is False
+    assert isa_settings.mkl_cap(avx2, {"blas": {}}, None)["changed"] is None  # no MKL
     data = _record()
     data["mkl_cap"] = {"env": "AVX2", "path": None}
     assert any("'mkl_cap' must be an object" in p for p in record_schema.validate(data))
+
+
+def test_runner_times_on_the_cpu_clock_when_asked(tmp_path):
+    """``--clock cpu``: the children's sections see it, the record and each section say it."""
+    settings = isa_settings.available_settings()
+    if not settings:
+        pytest.skip("no ISA setting on this CPU")
+    result = _run(tmp_path, "--clock", "cpu", "--isa", settings[-1].label)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "cpu clock" in result.stdout
+    for rec in records.load_records(tmp_path / "out"):
+        assert rec.clock == "cpu" and rec.sections["fake"]["clock"] == "cpu"
+        assert rec.section_clock("fake") == rec.section_clock("bad") == "cpu"
+    bad = _run(tmp_path, "--clock", "sundial")
+    assert bad.returncode == 2 and "invalid choice: 'sundial'" in bad.stdout
+
+
+def test_old_records_time_on_the_wall_clock_and_clocks_are_checked(tmp_path):
+    data = _record()
+    path = tmp_path / "amd-epyc-x2__avx2.json"
+    path.write_text(json.dumps(data))
+    rec = records.read_record(path)
+    assert rec.clock == "wall" and rec.section_clock("suite") == "wall"
+    data.update(clock="sundial")
+    data["section_meta"]["suite"] = {"clock": "gpu"}
+    problems = record_schema.validate(data)
+    assert any("clock must be one of wall, cpu, got 'sundial'" in p for p in problems)
+    assert any("section_meta['suite'].clock" in p for p in problems)
+
+
+def test_no_roofline_fractions_for_a_cpu_time_suite():
+    from convlab.lab import roofline
+
+    suite = {"method": {"threads": 2, "clock": "cpu"}, "layers": []}
+    with pytest.raises(ValueError, match="suite: timed on the 'cpu' clock"):
+        roofline.fractions(suite, {"peak_gflops": {"1": 1.0}, "triad_gbytes_s": {"1": 1.0}})
+    record = {"sections": {"suite": suite, "roofline": {"peak_gflops": {}}}}
+    assert "fractions" not in records.attach_derived(record)["sections"]["roofline"]

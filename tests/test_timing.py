@@ -313,3 +313,27 @@ def test_band_does_not_depend_on_the_order_of_the_ratios(ratios, rnd, quantile):
     assert outcome(ratios) == outcome(shuffled)
     bad = any(not (math.isfinite(r) and r > 0) for r in ratios)
     assert (outcome(ratios) == "refused") == bad
+
+
+def test_cpu_clock_counts_cpu_seconds_not_waiting():
+    """A call that sleeps takes wall time but almost no CPU time: the clocks differ in
+    what they count (not a speed assertion: sleeping >= 5 ms is guaranteed, and costs
+    the process microseconds of CPU)."""
+    import time
+
+    fns = {"sleep": lambda: time.sleep(0.005)}
+    kw = {"rounds": 2, "min_run_time": 0.01, "min_calls": 2}
+    assert timing.interleaved(fns, clock="wall", **kw)["sleep"].median >= 0.005
+    assert timing.interleaved(fns, clock="cpu", **kw)["sleep"].median < 0.002
+
+
+def test_clock_default_and_bad_clocks(monkeypatch):
+    monkeypatch.delenv(timing.CLOCK_ENV, raising=False)
+    assert timing.default_clock() == "wall"
+    monkeypatch.setenv(timing.CLOCK_ENV, "cpu")
+    assert timing.default_clock() == "cpu"
+    monkeypatch.setenv(timing.CLOCK_ENV, "sundial")
+    with pytest.raises(ValueError, match="CONVLAB_CLOCK must be one of wall, cpu"):
+        timing.default_clock()
+    with pytest.raises(ValueError, match="clock must be one of"):
+        timing.interleaved({"a": lambda: None}, rounds=1, clock="gpu")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -163,3 +164,13 @@ def check_setting(setting: IsaSetting, fp: Mapping[str, object],
         problems.append(f"cannot verify the cap: no oneDNN kernel at {setting.onednn_isa} "
                         f"was seen (highest: {best})")
     return problems
+
+
+def mkl_cap(setting: IsaSetting, fp: Mapping[str, Any],
+            default_path: str | None) -> dict[str, Any]:
+    """Whether the setting's ``MKL_ENABLE_INSTRUCTIONS`` changed the code path MKL announced
+    (``changed``: None without MKL). MKL honours the variable on Intel CPUs only."""
+    path = (fp.get("blas") or {}).get("mkl_path")
+    changed = None if path is None or default_path is None else path != default_path
+    return {"env": setting.mkl or None, "path": path, "default_path": default_path,
+            "changed": changed}

@@ -28,7 +28,7 @@ import re
 import sys
 import tempfile
 import tracemalloc
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -192,6 +192,12 @@ def onednn_trace(fn: Callable[[], object]) -> list[OneDNNCall]:
         ):
             fn()
         lines = Path(log).read_text(errors="replace").splitlines()
+    return parse_trace(lines)
+
+
+def parse_trace(lines: Iterable[str]) -> list[OneDNNCall]:
+    """The primitive executions (``exec`` lines) of oneDNN verbose ``lines``, in order;
+    other lines (``info``, ``create``, anything not oneDNN's) are skipped."""
     calls = []
     for line in lines:
         parts = line.split(",")

@@ -2,6 +2,23 @@
 :func:`validate` and :func:`validate_manifest` accept, each problem naming its key.
 
 The files themselves are read and written by :mod:`convlab.lab.records`.
+
+Record JSON::
+
+    {"schema": 1, "isa": "avx2", "env": {...}, "created": "...Z", "quick": false,
+     "load": {"before": [1m, 5m, 15m], "after": [...]},
+     "fingerprint": {...}, "sections": {"<name>": {...} | {"error": "<one line>"}},
+     "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false,
+                                 "clock": "wall"}},
+     "mkl_cap": {"env": "AVX2", "path": "...", "default_path": "...", "changed": true},
+     "clock": "wall"}
+
+``section_meta``, ``mkl_cap`` and ``clock`` are optional (older records lack them; such a
+record's setting did not cap MKL, and it timed on the wall clock).
+
+Manifest JSON (``<machine-slug>.manifest.json``)::
+
+    {"schema": 1, "machine": "<machine-slug>", "skipped_settings": {"<isa>": "<reason>"}}
 """
 
 from __future__ import annotations
@@ -11,6 +28,7 @@ import math
 from typing import Any
 
 from convlab.lab import isa_settings
+from convlab.lab.timing import CLOCKS
 
 SCHEMA = 1
 REQUIRED: dict[str, type | tuple[type, ...]] = {
@@ -108,10 +126,15 @@ def validate(data: object) -> list[str]:
                                 and _is(cap["changed"], (bool, type(None)))):
         problems.append(f"'mkl_cap' must be an object with {', '.join(MKL_CAP_KEYS)} "
                         "(changed: true, false or null)")
-    if "claims" in data["sections"] and "error" not in data["sections"]["claims"]:
-        problems += _claims_problems(data["sections"]["claims"])
-    if "dpsgd" in data["sections"] and "error" not in data["sections"]["dpsgd"]:
-        problems += _dpsgd_problems(data["sections"]["dpsgd"])
+    for name, check in SECTION_CHECKS.items():
+        section = data["sections"].get(name)
+        if isinstance(section, dict) and "error" not in section:
+            problems += check(section)
+    clocks = [("clock", data.get("clock", "wall"))] + [
+        (f"section_meta[{n!r}].clock", m.get("clock", "wall"))
+        for n, m in data.get("section_meta", {}).items() if isinstance(m, dict)]
+    problems += [f"{where} must be one of {', '.join(CLOCKS)}, got {clock!r}"
+                 for where, clock in clocks if clock not in CLOCKS]
     try:
         dt.datetime.fromisoformat(data["created"].replace("Z", "+00:00"))
     except ValueError:
@@ -150,6 +173,57 @@ def _dpsgd_problems(section: dict[str, Any]) -> list[str]:
                 problems.append(f"{where}.steps[{name!r}] must have numbers "
                                 f"{', '.join(DPSGD_ROW_KEYS)} or a skipped reason")
     return problems
+
+
+def _is_impl_map(value: object) -> bool:
+    return isinstance(value, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                           for k, v in value.items())
+
+
+def _impls_problems(impls: dict[str, Any]) -> list[str]:
+    """The optional ``impls`` section: per layer, per memory format, pass -> implementation."""
+    layers = impls.get("layers")
+    if not isinstance(layers, list):
+        return ["sections.impls.layers must be a list"]
+    problems = []
+    for i, row in enumerate(layers):
+        where = f"sections.impls.layers[{i}]"
+        if not (isinstance(row, dict) and isinstance(row.get("layer"), str)):
+            problems.append(f"{where} must be an object with a string layer")
+        elif "skipped" not in row and not (
+                isinstance(row.get("passes"), dict)
+                and all(_is_impl_map(v) for v in row["passes"].values())):
+            problems.append(f"{where}.passes must map formats to {{pass: implementation}}")
+    return problems
+
+
+def _lowp_problems(lowp: dict[str, Any]) -> list[str]:
+    """The optional ``lowp`` section: support per dtype, and rows per layer and dtype."""
+    problems = []
+    support = lowp.get("support")
+    if not (isinstance(support, dict) and all(
+            isinstance(s, dict) and isinstance(s.get("supported"), bool)
+            and (s["supported"] or isinstance(s.get("reason"), str))
+            for s in support.values())):
+        problems.append("sections.lowp.support must map dtypes to {supported, reason} "
+                        "(a reason where not supported)")
+    rows = lowp.get("rows")
+    if not isinstance(rows, list):
+        return [*problems, "sections.lowp.rows must be a list"]
+    for i, row in enumerate(rows):
+        where = f"sections.lowp.rows[{i}]"
+        if not (isinstance(row, dict) and isinstance(row.get("layer"), str)
+                and isinstance(row.get("dtype"), str)):
+            problems.append(f"{where} must be an object with string layer and dtype")
+        elif "skipped" not in row and not (
+                _is_impl_map(row.get("impl")) and isinstance(row.get("max_rel_error"), dict)
+                and ("times" in row or "single_call_s" in row)):
+            problems.append(f"{where} needs impl, max_rel_error and times or single_call_s")
+    return problems
+
+
+SECTION_CHECKS = {"claims": _claims_problems, "impls": _impls_problems,
+                  "lowp": _lowp_problems, "dpsgd": _dpsgd_problems}
 
 
 def validate_manifest(data: object, slug: str | None = None) -> list[str]:

@@ -12,24 +12,12 @@ and writes ``book/data/records/<machine-slug>__<isa>.json``. Records of other ma
 that folder are left alone, so a record from another machine is added by running the same
 command there. A section that raises is stored as ``{"error": "..."}``.
 
-Record JSON (schema 1)::
-
-    {"schema": 1, "isa": "avx2", "env": {...}, "created": "...Z", "quick": false,
-     "load": {"before": [1m, 5m, 15m], "after": [...]},
-     "fingerprint": {...}, "sections": {"<name>": {...} | {"error": "<one line>"}},
-     "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false}},
-     "mkl_cap": {"env": "AVX2", "path": "...", "default_path": "...", "changed": true}}
-
-``section_meta`` and ``mkl_cap`` are optional (older records lack them; such a record's
-setting did not cap MKL).
-
-A setting the runner offers but could not verify on a machine (its cap was not observed
-to take effect) is not measured; the runner writes why into that machine's manifest,
-``<machine-slug>.manifest.json`` (schema 1)::
-
-    {"schema": 1, "machine": "<machine-slug>", "skipped_settings": {"<isa>": "<reason>"}}
-
-so a record set says why a setting is absent (:func:`load_manifests`).
+The record and manifest formats (schema 1) are in :mod:`convlab.lab.record_schema`;
+``--clock cpu`` times process CPU time for a busy machine (never the roofline). A setting
+the runner offers but could not verify (its cap was not observed to take effect) is not
+measured; the runner writes why into that machine's manifest,
+``<machine-slug>.manifest.json``, so a record set says why a setting is absent
+(:func:`load_manifests`).
 
 The chapters read them with :func:`load_records` (``r.label``: ``AMD EPYC x2, AVX2``).
 """
@@ -51,7 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convlab.lab import isa_settings, machine, record_schema
+from convlab.lab import isa_settings, machine, record_schema, timing
 
 # name -> "module:function"; each function is record(quick: bool = False) -> dict.
 SECTIONS: dict[str, str] = {
@@ -64,8 +52,11 @@ SECTIONS: dict[str, str] = {
     "per_sample_auto": "convlab.lab.per_sample_auto:record",
     "dpsgd": "convlab.lab.dpsgd:record",
     "numerics": "convlab.lab.numerics:record",
-    # each claim of the book checked under this setting (optional in older records)
+    # optional in older records: the book's claims checked here; oneDNN's implementation
+    # per suite layer and pass; the bfloat16/float16 oneDNN backward against float32
     "claims": "convlab.lab.claims:record_outcomes",
+    "impls": "convlab.lab.impls:record",
+    "lowp": "convlab.lab.lowp:record",
 }
 # In a checkout convlab/lab/data/records links to book/data/records; an installed package
 # (a wheel, as on Colab) holds a copy of those files there (pyproject's package data).
@@ -88,6 +79,11 @@ class Record:
     sections: Mapping[str, Any]
     section_meta: Mapping[str, Any] = field(default_factory=dict)
     mkl_cap: Mapping[str, Any] | None = None
+    clock: str = "wall"
+
+    def section_clock(self, name: str) -> str:
+        """The clock section ``name`` was timed on (``wall`` where the record says none)."""
+        return str(self.section_meta.get(name, {}).get("clock", "wall"))
 
     @property
     def mkl_capped(self) -> bool | None:
@@ -146,7 +142,7 @@ def read_record(path: str | os.PathLike[str]) -> Record:
     return Record(path=path, isa=data["isa"], env=data["env"], created=data["created"],
                   quick=data["quick"], load=data["load"], fingerprint=data["fingerprint"],
                   sections=data["sections"], section_meta=data.get("section_meta", {}),
-                  mkl_cap=data.get("mkl_cap"))
+                  mkl_cap=data.get("mkl_cap"), clock=data.get("clock", "wall"))
 
 
 def _refuse_constant(name: str) -> float:
@@ -274,6 +270,7 @@ def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
         out.write_text(json.dumps({"skipped": reason}) + "\n")
         return SKIPPED
     print(f"records [{label}] {machine.fingerprint_line(fp)}", file=sys.stderr, flush=True)
+    clock = timing.default_clock()
     data: dict[str, Any] = {}
     meta: dict[str, Any] = {}
     for name in sections:
@@ -281,14 +278,15 @@ def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
         print(f"records [{label}] {name} ...", file=sys.stderr, flush=True)
         data[name] = run_section(name, quick)
         seconds = round(time.perf_counter() - start, 1)
-        meta[name] = {"created": _now(), "seconds": seconds, "quick": quick}
+        meta[name] = {"created": _now(), "seconds": seconds, "quick": quick,
+                      "clock": "wall" if name == "roofline" else clock}
         status = data[name].get("error", "ok")
         print(f"records [{label}] {name}: {status} ({seconds} s)", file=sys.stderr, flush=True)
     record = {
         "schema": record_schema.SCHEMA, "isa": label, "env": setting.env, "created": _now(),
         "quick": quick,
         "load": {"before": load_before, "after": _load()}, "fingerprint": fp,
-        "sections": data, "section_meta": meta,
+        "sections": data, "section_meta": meta, "clock": clock,
     }
     out.write_text(json.dumps(_clean(record), indent=1, allow_nan=False) + "\n")
     return 0
@@ -327,7 +325,8 @@ def attach_derived(record: dict[str, Any]) -> dict[str, Any]:
     """Add what combines two sections of one record: the suite's paths on the roofline
     (``roofline["fractions"]``, :func:`convlab.lab.roofline.fractions`)."""
     suite, roof = record["sections"].get("suite"), record["sections"].get("roofline")
-    if suite and roof and "error" not in suite and "error" not in roof:
+    if suite and roof and "error" not in suite and "error" not in roof \
+            and suite["method"].get("clock", "wall") == "wall":
         from convlab.lab import roofline
 
         roof["fractions"] = _clean(roofline.fractions(suite, roof))
@@ -337,8 +336,6 @@ def attach_derived(record: dict[str, Any]) -> dict[str, Any]:
 # The child runs records.main from the imported module (not as __main__), so that what the
 # module's importers set up (e.g. a site's extra sections) holds in the child too.
 CHILD = "import sys; from convlab.lab.records import main; sys.exit(main(sys.argv[1:]))"
-
-
 SKIPPED = 3  # the child's exit status when its setting could not be verified
 
 
@@ -368,15 +365,17 @@ def _beside(target: Path) -> Path:
 
 
 def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = None,
-            directory: Path | None = None) -> int:
+            directory: Path | None = None, clock: str = "wall") -> int:
     """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files.
 
     A setting whose cap cannot be verified is skipped and its reason written into the
     machine's manifest (:func:`note_skipped`), not counted as an error. The existing record
     of each setting is validated before its child measures; if it cannot take a merge, the
     new record is written beside it (``<record>.json.<time>.new``) so that no measurement
-    is lost, and the other settings still run (exit status 1).
+    is lost, and the other settings still run (exit status 1). ``clock`` (``wall`` or
+    ``cpu``) is the clock the children time on (``CONVLAB_CLOCK`` in their environment).
     """
+    clock = timing.check_clock(clock)
     settings = isa_settings.available_settings()
     if isas:
         settings = [s for s in settings if s.label in isas]
@@ -384,7 +383,8 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
     folder.mkdir(parents=True, exist_ok=True)
     slug = machine.machine_slug()
     print(f"records: {machine.cpu_model()} offers {', '.join(s.label for s in settings)}; "
-          f"sections {', '.join(sections)}{' (quick)' if quick else ''}", flush=True)
+          f"sections {', '.join(sections)}{' (quick)' if quick else ''}; "
+          f"{clock} clock", flush=True)
     status = 0
     start = time.perf_counter()
     default_mkl_path = machine.mkl_probe()  # this process: no cap of this run's settings
@@ -393,7 +393,7 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
         old, old_problem = _old_record(target, slug, setting.label)
         if old_problem:
             print(f"records: will not merge into {target.name}: {old_problem}", flush=True)
-        env = {**os.environ, **setting.env}
+        env = {**os.environ, **setting.env, timing.CLOCK_ENV: clock}
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "record.json"
             cmd = [sys.executable, "-c", CHILD, "--child", setting.label,
@@ -412,7 +412,7 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
                 status = 1
                 continue
             new = json.loads(out.read_text())
-        new["mkl_cap"] = mkl_cap(setting, new["fingerprint"], default_mkl_path)
+        new["mkl_cap"] = isa_settings.mkl_cap(setting, new["fingerprint"], default_mkl_path)
         written = _write_merged(target, old, old_problem, new)
         status = max(status, 0 if written == target else 1)
         note_skipped(slug, setting.label, None, folder)
@@ -421,16 +421,6 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
                                              if errors else ""), flush=True)
     print(f"records: done in {time.perf_counter() - start:.0f} s", flush=True)
     return status
-
-
-def mkl_cap(setting: isa_settings.IsaSetting, fp: Mapping[str, Any],
-            default_path: str | None) -> dict[str, Any]:
-    """Whether the setting's ``MKL_ENABLE_INSTRUCTIONS`` changed the code path MKL announced
-    (``changed``: None without MKL). MKL honours the variable on Intel CPUs only."""
-    path = (fp.get("blas") or {}).get("mkl_path")
-    changed = None if path is None or default_path is None else path != default_path
-    return {"env": setting.mkl or None, "path": path, "default_path": default_path,
-            "changed": changed}
 
 
 def _write_merged(target: Path, old: dict[str, Any] | None, old_problem: str,
@@ -481,6 +471,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sections", default="", help=f"from {', '.join(SECTIONS)}")
     parser.add_argument("--isa", default="", help="only these ISA labels (comma-separated)")
     parser.add_argument("--dir", default=None, help="records folder (default book/data/records)")
+    parser.add_argument("--clock", default="wall", choices=sorted(timing.CLOCKS),
+                        help="time elapsed seconds (wall) or the process's CPU seconds "
+                        "(cpu, for a busy machine); the roofline always times the wall")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(list(argv) if argv is not None else None)
@@ -497,7 +490,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         return child(args.child, sections, args.quick, Path(args.out))
     return run_all(sections, args.quick, isas or None,
-                   Path(args.dir) if args.dir else None)
+                   Path(args.dir) if args.dir else None, args.clock)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -95,8 +95,10 @@ def record(quick: bool = False) -> dict[str, Any]:
         for k in counts:
             fns[f"{name} x{k}"] = fn
             threads[f"{name} x{k}"] = k
+    # Ceilings are rates per elapsed second: always the wall clock, whatever the run's
+    # default (a CPU-time GFLOP/s at t threads is per core-second, no machine ceiling).
     timings = interleaved(fns, rounds=cfg["rounds"], min_run_time=cfg["min_run_time"],
-                          min_calls=cfg["min_calls"], threads=threads)
+                          min_calls=cfg["min_calls"], threads=threads, clock="wall")
     gemm_flops = 2 * n**3
     moved = {"copy": 2 * 4 * elements, "triad": 3 * 4 * elements}
     gemm, stream = {}, {}
@@ -111,8 +113,9 @@ def record(quick: bool = False) -> dict[str, Any]:
     best = {str(k): max(gemm, key=lambda name: gemm[name][str(k)]["gflops"]) for k in counts}
     bandwidth = {str(k): stream["triad"][str(k)]["gbytes_s"] for k in counts}
     return {
-        "method": {**cfg, "threads": counts, "stream_bytes": "copy 8 B, triad 12 B per "
-                   "element (STREAM's count; write-allocate not counted)",
+        "method": {**cfg, "threads": counts, "clock": "wall",
+                   "stream_bytes": "copy 8 B, triad 12 B per element (STREAM's count; "
+                   "write-allocate not counted)",
                    "array_mib": 4 * elements / 2**20, **sizing},
         "gemm": gemm, "stream": stream, "peak_gflops": peak, "peak_from": best,
         "triad_gbytes_s": bandwidth,
@@ -126,7 +129,13 @@ def fractions(suite: Mapping[str, Any], roofline: Mapping[str, Any]) -> list[dic
     The ceilings are the best rates measured at up to the suite's thread count (more
     threads never lower what the machine can do, so a lower reading at more threads is
     noise of a shared machine, and the best reading is the safer lower bound).
+    ``ValueError`` when the suite was timed on the CPU-time clock: its rates are per
+    core-second, the ceilings per elapsed second.
     """
+    clock = suite["method"].get("clock", "wall")
+    if clock != "wall":
+        raise ValueError(f"suite: timed on the {clock!r} clock; the roofline's ceilings "
+                         "are wall-clock rates")
     threads = int(suite["method"]["threads"])
 
     def best(rates: Mapping[str, float]) -> float:

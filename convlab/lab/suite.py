@@ -35,6 +35,7 @@ from convlab.lab.timing import (
     Timing,
     Verdict,
     aa_band,
+    default_clock,
     interleaved,
     round_ratios,
     verdict_of,
@@ -286,7 +287,8 @@ def record(quick: bool = False) -> dict[str, Any]:
     layers = paths.suite_layers(list(QUICK_LAYERS if quick else FULL_LAYERS))
     rows, band, n_pairs = _main(layers, cfg)
     out: dict[str, Any] = {
-        "method": {**cfg, "seed": 0, "text": METHOD_TEXT, "threads": torch.get_num_threads()},
+        "method": {**cfg, "seed": 0, "text": METHOD_TEXT, "threads": torch.get_num_threads(),
+                   "clock": default_clock()},
         "flop_formula": paths.FLOP_FORMULA,
         "bytes_formula": "min_bytes: every operand read once, every result written once",
         "aa_band": band, "aa_pairs": n_pairs, "aa_layers": [n for n in AA_LAYERS if any(

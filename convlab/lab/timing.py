@@ -25,6 +25,15 @@ The method, step by step:
    side of 1 and outside the band; fewer than ``MIN_ROUNDS`` rounds never give a
    verdict.
 
+**The clock** (``clock``): ``"wall"`` times elapsed seconds (``time.perf_counter``);
+``"cpu"`` times the CPU seconds of the whole process (``time.process_time``: every thread,
+user and system), for a busy machine where a preempted call's wall time counts other jobs'
+work. A CPU-time second is not an elapsed one: with ``t`` threads busy a call's CPU time is
+up to ``t`` times its wall time, so CPU-time rates are per core-second and ratios compare
+the work two candidates made the cores do (time spinning in a thread pool counts as work).
+``CONVLAB_CLOCK=cpu`` in the environment makes ``"cpu"`` the default (the records runner's
+``--clock cpu`` sets it in its child processes).
+
 >>> import torch
 >>> x = torch.randn(256, 256)
 >>> t = interleaved({"mm": lambda: x @ x, "matmul": lambda: torch.matmul(x, x)},
@@ -37,6 +46,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import statistics
 import time
@@ -55,6 +65,23 @@ MAX_BLOCKS = 10
 # candidates would take most of a day), and the bound keeps ``ceil(min_run_time / t)`` a
 # call count a loop can finish (1e300 s would never return; inf overflows to an int).
 MAX_RUN_TIME = 3600.0
+
+
+# clock name -> the function that reads it (module docstring, "The clock")
+CLOCKS: dict[str, Callable[[], float]] = {"wall": time.perf_counter, "cpu": time.process_time}
+CLOCK_ENV = "CONVLAB_CLOCK"
+
+
+def check_clock(clock: object, name: str = "clock") -> str:
+    """``clock`` as one of ``CLOCKS`` (``ValueError`` naming ``name`` otherwise)."""
+    if not isinstance(clock, str) or clock not in CLOCKS:
+        raise ValueError(f"{name} must be one of {', '.join(CLOCKS)}, got {clock!r}")
+    return clock
+
+
+def default_clock() -> str:
+    """The clock :func:`interleaved` uses when given none: ``$CONVLAB_CLOCK`` or wall."""
+    return check_clock(os.environ.get(CLOCK_ENV, "wall"), CLOCK_ENV)
 
 
 def _min_rounds(alpha: float) -> int:
@@ -167,6 +194,7 @@ def interleaved(
     around: Mapping[str, Callable[[], AbstractContextManager[object]]] | None = None,
     min_calls: int = 20,
     seed: int | None = 0,
+    clock: str | None = None,
 ) -> dict[str, Timing]:
     """Time every callable in ``fns`` in ``rounds`` interleaved rounds (module docstring).
 
@@ -183,6 +211,7 @@ def interleaved(
             and each of its rounds (e.g. a forced backend), so that its set-up is not timed.
         min_calls: calls each candidate runs at least per round (>= 1).
         seed: seed of the per-round shuffle (None: keep the order of ``fns``).
+        clock: ``"wall"`` or ``"cpu"`` (module docstring); None: :func:`default_clock`.
 
     Returns:
         name -> :class:`Timing`, in the order of ``fns``.
@@ -191,6 +220,7 @@ def interleaved(
         raise ValueError(f"rounds must be a positive int, got {rounds!r}")
     check_run_time(min_run_time)
     check_threads(min_calls, "min_calls")
+    read_clock = CLOCKS[default_clock() if clock is None else check_clock(clock)]
     default = torch.get_num_threads()
     if isinstance(threads, Mapping):
         if set(threads) - set(fns):
@@ -207,15 +237,16 @@ def interleaved(
     def context(name: str) -> AbstractContextManager[object]:
         return around[name]() if name in around else contextlib.nullcontext()
 
-    timers = {name: Timer(stmt="fn()", globals={"fn": fn}, num_threads=per_fn[name])
+    timers = {name: Timer(stmt="fn()", globals={"fn": fn}, num_threads=per_fn[name],
+                          timer=read_clock)
               for name, fn in fns.items()}
     plans: dict[str, tuple[int, int]] = {}
     for name in fns:
         with context(name):
             _time_block(timers[name], 1)  # the warm-up, with the candidate's threads
-            start = time.perf_counter()
+            start = read_clock()
             _time_block(timers[name], 1)
-            plans[name] = plan_calls(time.perf_counter() - start, min_calls, min_run_time)
+            plans[name] = plan_calls(read_clock() - start, min_calls, min_run_time)
     order = list(fns)
     shuffle = random.Random(seed).shuffle if seed is not None else None
     per_round: dict[str, list[float]] = {name: [] for name in fns}

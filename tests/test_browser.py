@@ -283,7 +283,9 @@ async () => {
     .map(e => {
       const style = getComputedStyle(e);
       const mask = style.maskImage || style.webkitMaskImage || 'none';
-      return {where: label(e), cue: e.classList.contains('scroll-x') && mask !== 'none'};
+      return {where: label(e), cue: e.classList.contains('scroll-x') && mask !== 'none',
+              output: e.matches('.cell_output pre'),
+              hidden: 1 - e.clientWidth / e.scrollWidth};
     });
   // Figures: SVG text size as rendered (matplotlib writes each text as glyph paths under
   // scale(s -s), s = font size in pt / 100, in a viewBox measured in pt; or as font-size).
@@ -977,6 +979,18 @@ def test_boxes_that_scroll_sideways_show_a_cue(visits: dict) -> None:
         for v in visits.values()
         for b in v.data["scrollers"]
         if not b["cue"]
+    ]
+    assert not problems, report(problems)
+
+
+def test_phone_outputs_show_their_results(visits: dict) -> None:
+    """At 390 px a printed result wraps instead of hiding its lines off-screen: no output
+    box hides more than 15% of its width (code may scroll; results may not)."""
+    problems = [
+        f"{v.page}: {b['where']} hides {b['hidden']:.0%} of its width"
+        for v in visits.values() if v.width < 600
+        for b in v.data["scrollers"]
+        if b["output"] and b["hidden"] > 0.15
     ]
     assert not problems, report(problems)
 

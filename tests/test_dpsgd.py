@@ -18,9 +18,9 @@ from convlab.lab import dpsgd
 PIN = next(line.split("==")[1] for line in
            (Path(__file__).parents[1] / "requirements.txt").read_text().splitlines()
            if line.startswith("torch=="))
-if torch.__version__.split("+")[0] != PIN:
-    pytest.importorskip("opacus", reason=f"Opacus is pinned with torch {PIN} only")
-    pytest.importorskip("backpack", reason=f"BackPACK is pinned with torch {PIN} only")
+if torch.__version__.split("+")[0] != PIN and dpsgd.missing():
+    pytest.skip(f"Opacus and BackPACK are pinned with torch {PIN} only; here "
+                f"{'; '.join(dpsgd.missing())}", allow_module_level=True)
 from opacus.grad_sample.grad_sample_module import GradSampleHooks  # noqa: E402
 
 SOURCES = ("Opacus", "Opacus + convlab", "BackPACK")
@@ -125,3 +125,11 @@ def test_record_quick_structure(monkeypatch) -> None:
     monkeypatch.setattr(dpsgd, "NEEDS", {"BackPACK": "no_such_module_here"})
     row = dpsgd.compare(2, 1, quick=True)["steps"]["BackPACK BatchGrad"]
     assert row == {"skipped": "no_such_module_here not installed"}
+
+
+def test_an_old_opacus_counts_as_missing(monkeypatch) -> None:
+    """Opacus 1.5 installs on torch 2.4 but lacks GradSampleHooks: not usable here."""
+    real = dpsgd.importlib.metadata.version
+    monkeypatch.setattr(dpsgd.importlib.metadata, "version",
+                        lambda dist: "1.5.2" if dist == "opacus" else real(dist))
+    assert dpsgd.missing() == ["opacus 1.5.2 is older than 1.6"]

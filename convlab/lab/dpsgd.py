@@ -28,7 +28,9 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import importlib.metadata
 import importlib.util
+import re
 import statistics
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -47,6 +49,10 @@ STEPS: tuple[str, ...] = (
     "Opacus ghost + convlab", "BackPACK BatchGrad",
 )
 NEEDS: dict[str, str] = {"Opacus": "opacus", "BackPACK": "backpack"}
+# The releases whose APIs this module calls (Opacus 1.6: GradSampleHooks and its
+# fast-gradient-clipping twin); an older one installs on an older torch and lacks them.
+MIN_VERSIONS: dict[str, tuple[str, tuple[int, ...]]] = {
+    "opacus": ("opacus", (1, 6)), "backpack": ("backpack-for-pytorch", (1, 7))}
 
 
 class Block(nn.Module):
@@ -136,15 +142,28 @@ def convlab_conv_sampler() -> Iterator[None]:
                 table[nn.Conv2d] = fn
 
 
+def _problem(module: str) -> str | None:
+    """Why ``module`` cannot serve here (absent, or older than MIN_VERSIONS), or None."""
+    if importlib.util.find_spec(module) is None:
+        return f"{module} not installed"
+    dist, least = MIN_VERSIONS[module]
+    found = importlib.metadata.version(dist)
+    parts = tuple(int(p) for p in re.findall(r"\d+", found)[:len(least)])
+    if parts < least:
+        return f"{dist} {found} is older than {'.'.join(map(str, least))}"
+    return None
+
+
 def missing() -> list[str]:
-    """The optional packages (``pip install convlab[dp]``) not installed here."""
-    return [m for m in NEEDS.values() if importlib.util.find_spec(m) is None]
+    """What of the optional packages (``pip install convlab[dp]``) cannot serve here: one
+    line each, absent or too old."""
+    return [why for m in NEEDS.values() if (why := _problem(m))]
 
 
 def _missing(name: str) -> str | None:
     for library, module in NEEDS.items():
-        if name.startswith(library) and importlib.util.find_spec(module) is None:
-            return f"{module} not installed"
+        if name.startswith(library):
+            return _problem(module)
     return None
 
 

@@ -232,7 +232,16 @@ def test_a_fresh_process_under_the_lowest_setting_reports_it():
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **sse.env},
                          capture_output=True, text=True, check=True).stdout
     capability, problems = json.loads(out.strip().splitlines()[-1])
-    assert capability == "DEFAULT" and problems == []
+    assert isa_settings.aten_capability(capability) == "DEFAULT" and problems == []
+
+
+def test_an_older_torch_name_of_the_default_capability_is_the_same_setting():
+    """torch 2.4 reports ATen's default kernels as "NO AVX"; the setting still verifies."""
+    sse = isa_settings.ISA_SETTINGS[-1]
+    fp = {"aten_cpu_capability": "NO AVX", "onednn_implementations": {}}
+    assert not any("ATen reports" in p for p in isa_settings.check_setting(sse, fp, False))
+    fp["aten_cpu_capability"] = "AVX2"
+    assert any("ATen reports" in p for p in isa_settings.check_setting(sse, fp, False))
 
 
 def _sysfs(root, caches):

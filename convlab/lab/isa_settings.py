@@ -131,6 +131,15 @@ def observed_implementations(fp: Mapping[str, object]) -> dict[str, str]:
     return seen
 
 
+# Older names ATen reported for a capability (torch 2.4 says "NO AVX" for "DEFAULT").
+ATEN_ALIASES: dict[str, str] = {"NO AVX": "DEFAULT"}
+
+
+def aten_capability(name: object) -> object:
+    """ATen's reported capability under its current name (``NO AVX`` -> ``DEFAULT``)."""
+    return ATEN_ALIASES.get(name, name) if isinstance(name, str) else name
+
+
 def check_setting(setting: IsaSetting, fp: Mapping[str, object],
                   onednn: bool | None = None) -> list[str]:
     """Why the fingerprint of a process started with ``setting.env`` does not show that the
@@ -143,7 +152,7 @@ def check_setting(setting: IsaSetting, fp: Mapping[str, object],
     part of this torch (default: ask torch).
     """
     problems = []
-    if fp.get("aten_cpu_capability") != setting.aten:
+    if aten_capability(fp.get("aten_cpu_capability")) != setting.aten:
         problems.append(f"ATen reports {fp.get('aten_cpu_capability')!r}, expected "
                         f"{setting.aten!r}")
     if not (torch.backends.mkldnn.is_available() if onednn is None else onednn):

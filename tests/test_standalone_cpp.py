@@ -126,12 +126,13 @@ def test_cxx_standard_follows_the_torch_version(version: str, std: str) -> None:
 def test_installed_wheel_asks_for_the_standard_we_use() -> None:
     """What the wheel's own CMake config sets on its torch target is what we compile with."""
     config = Path(torch.utils.cmake_prefix_path) / "Torch" / "TorchConfig.cmake"
-    found = re.search(r"CXX_STANDARD (\d+)", config.read_text())
+    # "CXX_STANDARD 20" (2.13) or "target_compile_features(torch INTERFACE cxx_std_20)" (2.15)
+    found = re.search(r"CXX_STANDARD (\d+)|cxx_std_(\d+)", config.read_text())
     wanted = int(standalone.cxx_standard().removeprefix("c++"))
     if found is None:  # older wheels set no standard on the target
         assert wanted == 17
     else:
-        assert int(found.group(1)) == wanted
+        assert int(found.group(1) or found.group(2)) == wanted
     assert f"-std={standalone.cxx_standard()}" in standalone.compile_command(Path("x"))
 
 

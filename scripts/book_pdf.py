@@ -8,7 +8,8 @@ cutting them, leaves out the web controls ("Show code cell source" toggles, butt
 keeps each figure on one page with its caption. Folded content prints open. The API
 reference is left out of the reader's PDF (it was 35 % of the pages): one paragraph points
 to it on the site, and links into it go there (``--with-api`` keeps it, after the chapters).
-Writes ``_build/pdf/book.pdf``; the next ``make book`` links it from every page.
+Writes ``_build/pdf/book.pdf`` and refuses one with a near-blank page (a code box or
+table kept whole and moved to the next page); the next ``make book`` links it from every page.
 """
 
 from __future__ import annotations
@@ -81,6 +82,9 @@ CONTROLS_JS = """
   e.children.length === 0 && e.checkVisibility()
   && texts.some(t => (e.textContent || '').trim().startsWith(t))).length
 """
+# A page of the printed book holds 2,000-4,000 characters; one with under this many (and
+# no figure) is mostly blank paper.
+NEAR_BLANK_CHARS = 300
 FOOTER = (
     '<div style="font-size:8px;width:100%;text-align:center;color:#555">'
     '<span class="pageNumber"></span> / <span class="totalPages"></span></div>'
@@ -172,6 +176,22 @@ def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> None
             browser.close()
 
 
+def near_blank_pages(pdf: Path, min_chars: int = NEAR_BLANK_CHARS) -> list[int]:
+    """Pages (1-based) with under ``min_chars`` characters of text and no figure caption,
+    the last page excepted: what a box kept whole (break-inside: avoid) leaves behind when
+    it moves to the next page. A figure is drawn, not text, so its page is kept by its
+    caption ("Fig. 3.1")."""
+    from pypdf import PdfReader
+
+    pages = PdfReader(str(pdf)).pages
+    blank = []
+    for number, page in enumerate(pages[:-1], start=1):
+        text = (page.extract_text() or "").strip()
+        if len(text) < min_chars and not re.search(r"\bFig\. \d+\.\d+", text):
+            blank.append(number)
+    return blank
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--no-build", action="store_true",
@@ -194,6 +214,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         server.shutdown()
         server.server_close()
+    blank = near_blank_pages(args.out)
+    if blank:
+        raise SystemExit(f"near-blank pages (under {NEAR_BLANK_CHARS} characters of text): "
+                         f"{blank[:10]} (book.css @media print)")
     size = args.out.stat().st_size / 1e6
     print(f"wrote {args.out} ({size:.1f} MB, printed in "
           f"{time.perf_counter() - start:.0f} s)")

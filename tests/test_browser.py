@@ -288,8 +288,23 @@ async () => {
       const mask = style.maskImage || style.webkitMaskImage || 'none';
       return {where: label(e), cue: e.classList.contains('scroll-x') && mask !== 'none',
               output: e.matches('.cell_output pre'),
+              pre: e.matches('pre'),
               hidden: 1 - e.clientWidth / e.scrollWidth};
     });
+  // Code boxes (book.js splits each into `code-line` spans that wrap on a phone): the
+  // text, and so what the copy button copies, must be the page's own, character for
+  // character; compared with the same boxes parsed from the served HTML.
+  const isCode = e => !e.closest('.cell_output');
+  const CODE = '.bd-article div.highlight pre';
+  const served = new DOMParser().parseFromString(await (await fetch(location.href)).text(),
+                                                 'text/html');
+  const servedCode = [...served.querySelectorAll(CODE)].filter(isCode).map(e => e.textContent);
+  const shownCode = [...document.querySelectorAll(CODE)].filter(isCode);
+  const codeText = {
+    boxes: servedCode.length,
+    split: shownCode.filter(e => e.querySelector('.code-line')).length,
+    changed: shownCode.length !== servedCode.length ? ['number of boxes']
+      : shownCode.filter((e, i) => e.textContent !== servedCode[i]).map(label)};
   // Figures: SVG text size as rendered (matplotlib writes each text as glyph paths under
   // scale(s -s), s = font size in pt / 100, in a viewBox measured in pt; or as font-size).
   const svgFigures = [];
@@ -360,6 +375,7 @@ async () => {
               w: r.width, h: r.height, inside: r.right <= articleRight + 1};
     }),
     scrollers: scrollers,
+    codeText: codeText,
     svgFigures: svgFigures,
     tables: tables,
     folds: document.querySelectorAll('.bd-article button.output-fold').length,
@@ -986,15 +1002,27 @@ def test_boxes_that_scroll_sideways_show_a_cue(visits: dict) -> None:
     assert not problems, report(problems)
 
 
-def test_phone_outputs_show_their_results(visits: dict) -> None:
-    """At 390 px a printed result wraps instead of hiding its lines off-screen: no output
-    box hides more than 15% of its width (code may scroll; results may not)."""
+def test_phone_boxes_show_their_lines(visits: dict) -> None:
+    """At 390 px printed results and code wrap instead of hiding their lines off-screen:
+    no output or code box hides more than 15% of its width (book.css, book.js)."""
     problems = [
-        f"{v.page}: {b['where']} hides {b['hidden']:.0%} of its width"
+        f"{v.page}: {b['where']} ({'output' if b['output'] else 'code'}) hides "
+        f"{b['hidden']:.0%} of its width"
         for v in visits.values() if v.width < 600
         for b in v.data["scrollers"]
-        if b["output"] and b["hidden"] > 0.15
+        if b["pre"] and b["hidden"] > 0.15
     ]
+    assert not problems, report(problems)
+
+
+def test_code_lines_keep_the_code_text(visits: dict) -> None:
+    """book.js splits every code box into lines (so a phone can wrap them with a hanging
+    indent); the text, which the copy button copies, stays the served page's exactly."""
+    boxes = sum(v.data["codeText"]["boxes"] for v in at(visits, WIDE))
+    split = sum(v.data["codeText"]["split"] for v in at(visits, WIDE))
+    assert boxes > 100 and split == boxes, f"{split} of {boxes} code boxes split into lines"
+    problems = [f"{v.page}: {where}" for v in at(visits, WIDE)
+                for where in v.data["codeText"]["changed"]]
     assert not problems, report(problems)
 
 

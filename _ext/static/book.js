@@ -145,6 +145,53 @@
     }
   };
 
+  // Code on a phone: each source line becomes a `code-line` span (its text unchanged, so
+  // copying copies the same code) that book.css wraps below 600 px with a hanging indent:
+  // a continuation starts four columns right of its line's own indentation, as a Python
+  // continuation line would. Pygments' token spans can hold a newline (a docstring), so
+  // the text is split node by node and each piece keeps copies of its token spans.
+  const CODE = ".bd-article div.highlight pre";
+  const splitLines = (pre) => {
+    if (pre.dataset.lines || pre.closest(".cell_output")) return;
+    pre.dataset.lines = "1";
+    const lines = [[]];
+    const walk = (node, chain) => {
+      for (const child of node.childNodes) {
+        if (child.nodeType === Node.ELEMENT_NODE) {
+          walk(child, [...chain, child]);
+        } else if (child.nodeType === Node.TEXT_NODE) {
+          child.textContent.split("\n").forEach((part, i) => {
+            if (i) {
+              lines[lines.length - 1].push(["\n", chain]);
+              lines.push([]);
+            }
+            if (part) lines[lines.length - 1].push([part, chain]);
+          });
+        }
+      }
+    };
+    walk(pre, []);
+    const fragment = document.createDocumentFragment();
+    for (const pieces of lines) {
+      if (!pieces.length) continue;
+      const line = document.createElement("span");
+      line.className = "code-line";
+      const text = pieces.map(([part]) => part).join("");
+      line.style.setProperty("--indent", String(text.length - text.trimStart().length));
+      for (const [part, chain] of pieces) {
+        let node = document.createTextNode(part);
+        for (const outer of [...chain].reverse()) {
+          const copy = outer.cloneNode(false);
+          copy.append(node);
+          node = copy;
+        }
+        line.append(node);
+      }
+      fragment.append(line);
+    }
+    pre.replaceChildren(fragment);
+  };
+
   // Long outputs fold to their first lines, with a button to show all of them.
   const FOLD_LINES = 30;
   const fold = () => {
@@ -179,6 +226,7 @@
         results, {childList: true, subtree: true});
     }
     addBreaks();
+    document.querySelectorAll(CODE).forEach(splitLines);
     fold();
     stackTables();
     markAll();

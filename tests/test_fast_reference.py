@@ -7,6 +7,7 @@ groups, stride/dilation/padding, 1-d to 3-d), with every output mask.
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import pytest
@@ -131,8 +132,19 @@ def test_transposed_in_the_shift_form_matches_aten() -> None:
 def test_reduced_precision_takes_the_im2col_form() -> None:
     x = torch.empty(2, 16, 28, 28)
     p = ConvParams.for_tensors(x, torch.empty(16, 16, 3, 3), None, *_unit(2))
-    assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.float32) == "shift"
-    assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.bfloat16) == "im2col"
+    assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.float32, 1) == "shift"
+    assert fast.choose_form(x.shape, (16, 16, 3, 3), p, torch.bfloat16, 1) == "im2col"
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch at one thread (the shift form's setting), restored afterwards."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _unit(dim: int):
@@ -145,9 +157,10 @@ def test_non_finite_values_leave_the_shift_form_and_match_the_simple_form(
     gy, x, w, args = tensors((2, 16, 28, 28), (16, 16, 3, 3), (1, 1), (1, 1), (1, 1), 1)
     (x if where == "input" else w)[0, 3, 2, 2] = value
     p = ConvParams.for_tensors(x, w, None, *args)
-    assert fast.choose_form(x.shape, w.shape, p, F64) == "shift"  # shapes alone say shift
+    assert fast.choose_form(x.shape, w.shape, p, F64, 1) == "shift"  # shapes say shift
     mask = [True, True, True]
-    got = fast.convolution_backward(gy, x, w, [16], *args, mask)
+    with one_thread():
+        got = fast.convolution_backward(gy, x, w, [16], *args, mask)
     simple = reference.convolution_backward(gy, x, w, [16], *args, mask)
     for g, s in zip(got, simple, strict=True):
         torch.testing.assert_close(g, s, rtol=1e-12, atol=1e-12, equal_nan=True)
@@ -173,8 +186,27 @@ EXPECTED_FORMS = {
 @pytest.mark.parametrize("layer", paths.SUITE, ids=lambda layer: layer.name)
 def test_rule_on_the_suite_layers(layer: paths.Layer) -> None:
     p = layer.params
-    got = fast.choose_form(layer.input_shape, layer.weight_shape, p, torch.float32)
+    got = fast.choose_form(layer.input_shape, layer.weight_shape, p, torch.float32, 1)
     assert got == EXPECTED_FORMS[layer.name]
+    two = fast.choose_form(layer.input_shape, layer.weight_shape, p, torch.float32, 2)
+    assert two == ("im2col" if got == "shift" else got)
+
+
+def test_more_than_one_thread_takes_im2col_instead_of_shift() -> None:
+    x, w = torch.empty(8, 64, 28, 28), torch.empty(64, 64, 3, 3)
+    p = ConvParams.for_tensors(x, w, None, *_unit(2))
+    assert fast.choose_form(x.shape, w.shape, p, torch.float32, 1) == "shift"
+    assert fast.choose_form(x.shape, w.shape, p, torch.float32, 2) == "im2col"
+    with one_thread():
+        assert fast.choose_form(x.shape, w.shape, p, torch.float32) == "shift"
+
+
+@pytest.mark.parametrize("threads", [0, -1, 1.0, True, "2"])
+def test_a_bad_thread_count_is_refused(threads: object) -> None:
+    x, w = torch.empty(2, 16, 8, 8), torch.empty(16, 16, 3, 3)
+    p = ConvParams.for_tensors(x, w, None, *_unit(2))
+    with pytest.raises(ValueError, match="threads"):
+        fast.choose_form(x.shape, w.shape, p, torch.float32, threads)
 
 
 def test_a_form_that_cannot_serve_the_call_is_refused() -> None:

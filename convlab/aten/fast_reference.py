@@ -66,14 +66,15 @@ _FAST_DTYPES = (torch.float32, torch.float64)
 
 def choose_form(
     input_shape: Sequence[int], weight_shape: Sequence[int], p: ConvParams,
-    dtype: torch.dtype,
+    dtype: torch.dtype, threads: int | None = None,
 ) -> Form:
     """Which form :func:`convolution_backward` runs for this call (values not looked at).
 
-    Shift when: one group, stride 1, not transposed, ``C`` and ``K`` at least
-    ``SHIFT_MIN_CHANNELS`` (the shift GEMMs have ``C`` or ``K`` as their small dimension),
-    and the extra work ``prod(grid) / prod(out)`` at most ``SHIFT_MAX_OVERHEAD``. Depthwise
-    2-d float32/float64 with one output per channel: the fused C++ loop. Else im2col.
+    Shift when: one thread (``threads``, default torch's current count), one group,
+    stride 1, not transposed, ``C`` and ``K`` at least ``SHIFT_MIN_CHANNELS`` (the shift
+    GEMMs have ``C`` or ``K`` as their small dimension), and the extra work
+    ``prod(grid) / prod(out)`` at most ``SHIFT_MAX_OVERHEAD``. Depthwise 2-d
+    float32/float64 with one output per channel: the fused C++ loop. Else im2col.
 
     Measured here (Xeon, AVX-512, 2 MiB L2, float32, shift time / im2col time at 1 and 2
     threads; noisy shared machine, A/A band about 0.2): the 3x3 layer with 64 channels at
@@ -83,7 +84,18 @@ def choose_form(
     stem 2.5 / 2.0: im2col wins. So the crossover in overhead lies between 1.15 and 1.31
     (the rule takes 1.2), and groups, strides and transposition (more, thinner GEMMs per
     tap) stay with im2col.
+
+    Threads: the records' ``reference_speed`` sections (2 threads, float32) found the shift
+    form slower than im2col on both layers the 1-thread fit gave it, under every ISA
+    setting of the 480 MiB-L3 Xeon: 3x3 with 64 channels x1.12 (AMX), x1.12 (AVX2),
+    x1.03 (SSE4.1); 1-d x1.14, x1.08, x1.08. Its k^2 GEMMs are thin (``C`` or ``K`` wide)
+    and split poorly over threads where im2col's one deep GEMM per chunk splits well, so
+    with more than one thread the rule takes im2col.
     """
+    if threads is None:
+        threads = torch.get_num_threads()
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
     dim = len(input_shape) - 2
     c_g, k_g = weight_shape[1], weight_shape[0] // p.groups
     if dtype not in _FAST_DTYPES:
@@ -94,6 +106,8 @@ def choose_form(
         return "im2col"
     if (p.groups > 1 or p.transposed or any(s != 1 for s in p.stride)
             or min(c_g, k_g) < SHIFT_MIN_CHANNELS):
+        return "im2col"
+    if threads > 1:
         return "im2col"
     x_size, out = _normal_roles(input_shape, weight_shape, p)
     grid = _phases(x_size, p)

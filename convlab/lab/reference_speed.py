@@ -18,6 +18,7 @@ forms, from :func:`convlab.lab.profiling.profile_ops`.
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -53,13 +54,14 @@ def _ours(fn: Callable[..., object], layer: Layer, tensors: paths.Tensors,
     return lambda: fn(go, x, w, [b.shape[0]], *args, ALL_MASK, **kw)
 
 
-def candidates(layer: Layer) -> tuple[dict[str, Callable[[], object]], dict, str]:
+def candidates(layer: Layer, threads: int | None = None,
+               ) -> tuple[dict[str, Callable[[], object]], dict, str]:
     """name -> zero-argument backward; name -> context factory (forced backends); the
-    form the rule picks for this layer."""
+    form the rule picks for this layer at ``threads`` (default: torch's current count)."""
     tensors = layer.tensors()
     x, w, _, _ = tensors
     p = layer.params
-    chosen = fast_reference.choose_form(x.shape, w.shape, p, x.dtype)
+    chosen = fast_reference.choose_form(x.shape, w.shape, p, x.dtype, threads)
     fns = {"reference": _ours(reference.convolution_backward, layer, tensors),
            "reference fast": _ours(fast_reference.convolution_backward, layer, tensors)}
     for form in ("shift", "im2col"):
@@ -82,7 +84,7 @@ def candidates(layer: Layer) -> tuple[dict[str, Callable[[], object]], dict, str
 def time_layer(layer: Layer, cfg: dict[str, Any],
                threads: int | None = None) -> tuple[dict[str, Timing], str]:
     """One layer's interleaved run (``threads``: torch threads, default the current)."""
-    fns, around, chosen = candidates(layer)
+    fns, around, chosen = candidates(layer, threads)
     timings = interleaved(fns, rounds=cfg["rounds"], min_run_time=cfg["min_run_time"],
                           min_calls=cfg["min_calls"], around=around, threads=threads)
     return timings, chosen
@@ -109,6 +111,42 @@ def rows_of(runs: Sequence[tuple[Layer, dict[str, Timing], str]]) -> tuple[list[
                 row["ratios"][f"reference fast / {other}"] = verdict_dict(v)
         rows.append(row)
     return rows, band
+
+
+def rule_rows(section: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per layer of a stored ``reference_speed`` section, the fast reference as
+    :func:`convlab.aten.fast_reference.choose_form` now picks it at the section's thread
+    count: ``{"layer", "shape", "form", "simple / slow", "fast / slow", "fast / onednn",
+    "simple / fast"}``, each ratio the median of the per-round ratios of that run.
+
+    The section times every form a layer allows (the one the rule picked then, as
+    ``reference fast``, and the others as ``fast <form>``), so a record taken under an
+    earlier rule still gives the current rule's numbers; a form the record did not time
+    raises ``ValueError``.
+    """
+    threads = section["method"]["threads"]
+    by_name = {layer.name: layer for layer in [*paths.SUITE, MID3X3]}
+    rows = []
+    for row in section["layers"]:
+        layer = by_name[row["layer"]]
+        form = fast_reference.choose_form(layer.input_shape, layer.weight_shape,
+                                          layer.params, torch.float32, threads)
+        key = "reference fast" if form == row["form"] else f"fast {form}"
+        if key not in row["times"]:
+            raise ValueError(f"layer {row['layer']}: the record has no time of the "
+                             f"{form!r} form")
+        rounds = {k: t["rounds_s"] for k, t in row["times"].items()}
+        rows.append({"layer": row["layer"], "shape": row["shape"], "form": form,
+                     "simple / slow": _median_ratio(rounds, "reference", "aten slow"),
+                     "fast / slow": _median_ratio(rounds, key, "aten slow"),
+                     "fast / onednn": _median_ratio(rounds, key, "onednn"),
+                     "simple / fast": _median_ratio(rounds, "reference", key)})
+    return rows
+
+
+def _median_ratio(rounds: dict[str, list[float]], a: str, b: str) -> float:
+    """Median over rounds of ``a``'s time over ``b``'s (one interleaved run)."""
+    return statistics.median(x / y for x, y in zip(rounds[a], rounds[b], strict=True))
 
 
 def copy_shares(layer: Layer, repeat: int = 3) -> dict[str, Any]:

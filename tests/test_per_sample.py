@@ -192,21 +192,54 @@ def test_channels_last_input_and_chunked_columns(monkeypatch) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
-# (n, channels per group, kernel side, block) -> route, one case per row of the rule.
+# (n, channels per group, kernel side, block, threads) -> route: each row of the rule,
+# and its edges.
 RULE_CASES = [
-    ((8, 16, 3, 0), "im2col"), ((8, 1, 1, 16), "im2col"), ((8, 3, 1, 16), "im2col"),
-    ((1, 3, 1, 16), "grouped"), ((8, 16, 1, 16), "grouped"), ((8, 1, 3, 16), "grouped"),
-    ((8, 1, 5, 8), "grouped_cl"), ((1, 3, 5, 16), "grouped"), ((8, 3, 5, 16), "grouped_cl"),
-    ((8, 3, 5, 8), "im2col"), ((64, 64, 3, 8), "im2col"), ((64, 64, 3, 16), "grouped"),
-    ((8, 8, 7, 16), "grouped"), ((8, 4, 3, 8), "grouped"),
+    # 2. 1x1 kernels: grouped while N * C/g <= 64 and C/g > 1
+    ((8, 8, 1, 16, 2), "grouped"), ((8, 16, 1, 16, 1), "im2col"),
+    ((8, 1, 1, 16, 1), "im2col"), ((1, 64, 1, 0, 1), "grouped"),
+    # 3. depthwise
+    ((1, 1, 3, 16, 1), "im2col"), ((8, 1, 3, 0, 2), "grouped"),
+    ((8, 1, 5, 8, 1), "grouped_cl"), ((8, 1, 7, 0, 1), "grouped"),
+    ((8, 1, 7, 0, 2), "grouped_cl"),
+    # 4. one sample
+    ((1, 3, 5, 16, 1), "grouped"), ((1, 16, 3, 0, 1), "grouped"),
+    ((1, 16, 5, 0, 1), "im2col"),
+    # 5. no JIT block
+    ((8, 16, 3, 0, 1), "im2col"), ((64, 64, 7, 0, 2), "im2col"),
+    # 6. few channels per group
+    ((8, 3, 5, 16, 1), "grouped_cl"), ((8, 3, 3, 16, 1), "im2col"),
+    ((8, 3, 5, 8, 2), "im2col"),
+    # 7. otherwise
+    ((64, 64, 3, 8, 1), "grouped"), ((8, 8, 7, 16, 2), "grouped"),
+    ((8, 4, 3, 8, 1), "grouped"),
 ]
 
 
 @pytest.mark.parametrize("case, route", RULE_CASES)
 def test_choose_method_follows_its_rule(case, route) -> None:
-    n, cpg, k, block = case
-    assert choose_method(n, cpg, (k, k), torch.float32, block) == route
-    assert choose_method(n, cpg, (k, k), torch.float64, block) == "im2col"
+    n, cpg, k, block, threads = case
+    assert choose_method(n, cpg, (k, k), torch.float32, block, threads) == route
+    assert choose_method(n, cpg, (k, k), torch.float64, block, threads) == "im2col"
+
+
+@pytest.mark.parametrize("threads", [0, -2, 1.5, True, "1"])
+def test_choose_method_refuses_a_bad_thread_count(threads: object) -> None:
+    with pytest.raises(ValueError, match="threads"):
+        choose_method(8, 16, (3, 3), torch.float32, 16, threads)
+
+
+def test_choose_method_within_its_stated_margin_on_the_committed_sweeps() -> None:
+    """The docstring's numbers, recomputed from the records' per_sample_auto sections."""
+    from convlab.lab import per_sample_auto, records
+
+    stated = {"AMX": (113, 2.84), "AVX2": (116, 1.35), "SSE4.1": (96, 2.65)}
+    found = {}
+    for r in records.load_records():
+        if "480" in r.machine_name and r.isa_name in stated:
+            now = per_sample_auto.rule_summary(r.section("per_sample_auto"))
+            found[r.isa_name] = (now["near"], round(now["worst"]["auto_over_fastest"], 2))
+    assert found == stated
 
 
 @pytest.mark.parametrize("cap, flags, block", [

@@ -32,3 +32,17 @@ def test_record_quick_structure() -> None:
     assert rec["worst"] in rec["points"]
     assert rec["worst"]["auto_over_fastest"] == max(p["auto_over_fastest"]
                                                     for p in rec["points"])
+
+
+def test_rule_summary_applies_the_current_rule_to_stored_times() -> None:
+    # depthwise 3x3 at N = 8: the rule now takes grouped, whatever "auto" was stored.
+    stored = {"channels_per_group": 1, "n": 8, "kernel": 3, "threads": 1,
+              "seconds": {"grouped": 2.0, "grouped_cl": 1.0, "im2col": 4.0},
+              "fastest": "grouped_cl", "auto": "im2col", "auto_over_fastest": 4.0}
+    one = {**stored, "n": 1}  # one sample: im2col
+    now = psa.rule_summary({"block": 16, "points": [stored, one]})
+    assert now["points"] == 2 and now["near"] == 0
+    assert now["worst"]["auto"] == "im2col" and now["worst"]["n"] == 1
+    assert now["worst"]["auto_over_fastest"] == 4.0
+    best = {**stored, "seconds": {"grouped": 1.0, "grouped_cl": 1.05, "im2col": 3.0}}
+    assert psa.rule_summary({"block": 16, "points": [best]})["near"] == 1

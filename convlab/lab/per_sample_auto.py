@@ -14,13 +14,14 @@ from __future__ import annotations
 import itertools
 import statistics
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from convlab.lab import timing
 from convlab.scratch.per_sample import ROUTES, choose_method, onednn_block, per_sample_weight_grad
 
-__all__ = ["GRID", "LAYERS", "layer", "point", "record", "sweep", "worst"]
+__all__ = ["GRID", "LAYERS", "layer", "point", "record", "rule_summary", "sweep", "worst"]
 
 # channels per group -> (C_in, C_out, groups): depthwise, a 3-channel stem, grouped, ResNet.
 LAYERS: dict[int, tuple[int, int, int]] = {
@@ -59,7 +60,7 @@ def point(channels_per_group: int, n: int, kernel: int, threads: int,
                            else 0.02, threads=threads, min_calls=1 if quick else 3)
     seconds = {m: t[m].median for m in ROUTES}
     fastest = min(seconds, key=seconds.__getitem__)
-    auto = choose_method(n, size[1], size[2:], torch.float32)
+    auto = choose_method(n, size[1], size[2:], torch.float32, threads=threads)
     ratios = timing.round_ratios(t[auto], t[fastest])
     return {"channels_per_group": channels_per_group, "n": n, "kernel": kernel,
             "threads": threads, "seconds": seconds, "fastest": fastest, "auto": auto,
@@ -80,6 +81,25 @@ def sweep(quick: bool = False) -> list[dict[str, object]]:
 def worst(points: list[dict[str, object]]) -> dict[str, object]:
     """The point where the auto route is furthest from the fastest."""
     return max(points, key=lambda p: float(p["auto_over_fastest"]))
+
+
+def rule_summary(section: dict[str, Any]) -> dict[str, Any]:
+    """The current :func:`~convlab.scratch.per_sample.choose_method` on a stored sweep:
+    at each point the route it picks now (with the section's block and the point's
+    threads) and that route's median time over the fastest route's. Returns ``{"near":
+    points within 10 % of the fastest, "points": their number, "worst": the point with
+    the largest ratio, with "auto" and "auto_over_fastest" of the current rule}``; a
+    record taken under an earlier rule gives the current rule's numbers, since every
+    route was timed at every point."""
+    rows = []
+    for p in section["points"]:
+        seconds = p["seconds"]
+        auto = choose_method(p["n"], p["channels_per_group"], [p["kernel"]] * 2,
+                             torch.float32, section["block"], p["threads"])
+        rows.append({**p, "auto": auto,
+                     "auto_over_fastest": seconds[auto] / min(seconds.values())})
+    return {"near": sum(r["auto_over_fastest"] <= 1.1 for r in rows), "points": len(rows),
+            "worst": worst(rows)}
 
 
 def record(quick: bool = False) -> dict[str, object]:

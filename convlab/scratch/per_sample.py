@@ -106,45 +106,61 @@ def onednn_block() -> int:
 
 
 def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
-                  dtype: torch.dtype = torch.float32, block: int | None = None) -> str:
+                  dtype: torch.dtype = torch.float32, block: int | None = None,
+                  threads: int | None = None) -> str:
     """The route ``method="auto"`` takes: ``"grouped"``, ``"grouped_cl"`` or ``"im2col"``.
 
     ``n`` samples, ``channels_per_group`` ``c`` = ``C_in / groups``, ``kernel`` the
-    kernel's sizes (``taps`` = their product) and ``block`` ``b`` (default:
-    :func:`onednn_block`); not the thread count (see below).
-    The rule, first match wins:
+    kernel's sizes (``taps`` = their product), ``block`` ``b`` (default:
+    :func:`onednn_block`; 0 where oneDNN has no JIT kernel) and ``threads`` (default
+    torch's current count). The rule, first match wins:
 
-    1. ``b == 0`` (no oneDNN JIT kernel) or a dtype oneDNN does not take (float64):
-       ``im2col``; ATen's fallbacks for a grouped backward loop over the groups.
-    2. ``taps == 1``: ``im2col`` for depthwise layers and for ``c < b / 2`` with
-       ``n > 1`` (the columns are the input itself), else ``grouped``.
-    3. Depthwise (``c == 1``): ``grouped`` up to 3x3, ``grouped_cl`` from 5x5 on.
-    4. Few channels (``c < b / 2``, e.g. a 3-channel stem): ``grouped`` for one sample;
-       else ``grouped_cl`` from 5x5 on with 16-wide blocks, ``im2col`` otherwise.
-    5. 8-wide blocks and ``n * c >= 4096``: ``im2col``.
-    6. Otherwise ``grouped``.
+    1. A dtype oneDNN does not take (float64): ``im2col``.
+    2. ``taps == 1`` (the columns are the input itself): ``grouped`` where
+       ``c > 1`` and ``n * c <= 64``, else ``im2col``.
+    3. Depthwise (``c == 1``): ``im2col`` for one sample; ``grouped`` up to 3x3;
+       from 5x5 on ``grouped_cl``, except without a JIT block at one thread
+       (``grouped``).
+    4. One sample: ``grouped``, except without a JIT block from 5x5 on (``im2col``).
+    5. No JIT block (``b == 0``): ``im2col``.
+    6. Few channels (``c < b / 2``, e.g. a 3-channel stem): ``grouped_cl`` from 5x5 on
+       with 16-wide blocks, else ``im2col``.
+    7. Otherwise ``grouped``.
 
-    Fitted on :func:`convlab.lab.per_sample_auto.sweep` (channels per group 1, 3, 8, 16,
-    64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads; 16x16, float32) on a 2-core Intel
-    Xeon at oneDNN's AVX-512 and AVX2 settings (b = 16 and 8). Threads do not enter: the
-    2-thread runs on that shared machine stalled at random (at 20 of each setting's 60
-    points a route took 10 to 390 times its 1-thread time), so they gave no consistent
-    crossover to fit.
+    Fitted on the records' ``per_sample_auto`` sweeps (:mod:`convlab.lab.per_sample_auto`:
+    channels per group 1, 3, 8, 16, 64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads;
+    16x16, float32) of the 2-core Xeon with 480 MiB of L3 at its AMX (b = 16), AVX2
+    (b = 8) and SSE4.1 (b = 0) settings. On those 120 points per setting (the fit's own
+    data, so an optimistic estimate) the rule is within 10 % of the fastest route at 113,
+    116 and 96, worst x2.84, x1.35 and x2.65; the rule before it (which sent every
+    b = 0 layer to im2col) managed 108, 107 and 71, worst x2.84, x1.55 and x6.77.
+    Rule 5 does not follow that sweep alone: there grouped won for 8 channels per group
+    at SSE4.1, but for 16 -> 32 channels at 3x3 and one thread the ``per_sample``
+    sections of all three recorded hosts (the AMD EPYC and both Xeons) have grouped
+    taking x1.07-x2.6 im2col's time from N = 4 on, so rule 5 follows the three hosts.
     """
     block = onednn_block() if block is None else block
+    if threads is None:
+        threads = torch.get_num_threads()
+    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
     c, taps = channels_per_group, math.prod(kernel)
-    if dtype not in (torch.float32, torch.bfloat16) or block == 0:
+    if dtype not in (torch.float32, torch.bfloat16):
         return "im2col"
     if taps == 1:
-        return "im2col" if c == 1 or (2 * c < block and n > 1) else "grouped"
+        return "grouped" if c > 1 and n * c <= 64 else "im2col"
     if c == 1:
-        return "grouped" if taps <= 9 else "grouped_cl"
-    if 2 * c < block:
         if n == 1:
+            return "im2col"
+        if taps <= 9:
             return "grouped"
-        return "grouped_cl" if block >= 16 and taps >= 25 else "im2col"
-    if block <= 8 and n * c >= 4096:
+        return "grouped" if block == 0 and threads == 1 else "grouped_cl"
+    if n == 1:
+        return "im2col" if block == 0 and taps > 9 else "grouped"
+    if block == 0:
         return "im2col"
+    if 2 * c < block:
+        return "grouped_cl" if block >= 16 and taps >= 25 else "im2col"
     return "grouped"
 
 

@@ -18,10 +18,15 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
   ``prod(grid) / prod(out)`` more multiply-adds. A transposed convolution runs in the
   roles of the normal one it transposes: its grad_input is that convolution's forward
   (``Y[:] += X[o_t:] @ W_t^T`` per tap), its grad_weight that convolution's grad_weight.
-* ``"im2col"``: :func:`convlab.scratch.reference.convolution_backward` with its column
-  chunks sized by the L2 cache (``L2_PER_CHUNK`` times
-  :func:`convlab.aten.cpu_cache.l2_cache_bytes`), so each GEMM reads columns the im2col
-  has just written from a near cache, scaled to the machine instead of a constant.
+* ``"im2col"``: grad_input from :mod:`convlab.aten.sample_columns` (per-sample columns,
+  ATen's slow-path layout, GEMMs batched over the samples and written straight into the
+  result, one column buffer per call), grad_weight from the simple reference's
+  batch-folded GEMM; both in chunks of ``L2_PER_CHUNK`` times
+  :func:`convlab.aten.cpu_cache.l2_cache_bytes` of columns (scaled to the machine, not
+  a constant). For float32/float64 plain tensors of a normal convolution; the rest
+  (transposed, whose simple form makes both gradients from one pass over the columns,
+  reduced precision, autograd, traced) take the simple form,
+  :func:`convlab.scratch.reference.convolution_backward`, with the same chunks.
 * ``"depthwise"``: one fused pass of a small C++ loop in convlab's extension
   (``torch.ops.convlab_ext.depthwise2d_backward``: per channel and sample, every tap
   scatter-adds into grad_input and sums into grad_weight while the planes sit in L1).
@@ -29,8 +34,8 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
 The shift form multiplies zeros that are not padding (the grid's margin) by the weight and
 the input, so it needs both finite (as ATen's scatter col2im adds only real products); like
 the reference's gather form it is an eager-only branch on the values, and traced or
-non-finite calls take the im2col form. Results are not differentiable (the fast form is for
-measuring; the double backward builds on the simple reference).
+non-finite calls take the im2col form. Results of the fast forms are not differentiable
+(they are for measuring; the double backward builds on the simple reference).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ from typing import Literal
 
 import torch
 
-from convlab.aten import cpu_cache, extension
+from convlab.aten import cpu_cache, extension, sample_columns
 from convlab.scratch import reference
 from convlab.scratch.params import ConvParams, IntOrSeq, check_output_mask
 
@@ -58,9 +63,10 @@ SHIFT_MIN_CHANNELS = 16
 # Above this ratio of grid to output positions the wasted multiply-adds of the shift
 # form's margin cost more than im2col's copies save.
 SHIFT_MAX_OVERHEAD = 1.2
-# The im2col form's column budget, in L2 caches: one L2 per chunk made the batch's GEMMs
-# so small and so many that it ran 1.2-1.4x slower than four (see choose_form).
-L2_PER_CHUNK = 4
+# The im2col form's column budget, in L2 caches. On the 1 MiB-L2 AMD EPYC (2 threads, per
+# fast / ATen slow, conv1d, mid3x3, cifar5, resnet14), 1 L2: 1.62, 1.34, 1.83, 1.18;
+# 4: 1.06, 0.91, 0.96, 1.07; 8: 0.89, 0.84, 0.67, 1.00; 16 and 32 no better than 8.
+L2_PER_CHUNK = 8
 _FAST_DTYPES = (torch.float32, torch.float64)
 
 
@@ -165,16 +171,24 @@ def convolution_backward(
             form = "im2col"
     else:
         check_form(form, input, weight, p)
-    if form == "im2col":
+    limit = L2_PER_CHUNK * cpu_cache.l2_cache_bytes()
+    if form == "im2col" and (p.transposed or input.dtype not in _FAST_DTYPES
+                             or not _plain(grad_output, input, weight)
+                             or (p.groups > 1 and weight.shape[1] == 1)):
         return reference.convolution_backward(
-            grad_output, input, weight, bias_sizes, *args, list(mask),
-            chunk_bytes=L2_PER_CHUNK * cpu_cache.l2_cache_bytes())
+            grad_output, input, weight, bias_sizes, *args, list(mask), chunk_bytes=limit)
     # The reference's argument checks, without its work: an all-False mask computes nothing.
     reference.convolution_backward(grad_output, input, weight, bias_sizes, *args,
                                    [False, False, False])
     with torch.no_grad():
         if form == "depthwise":
             gi, gw = _depthwise(grad_output, input, weight, p)
+        elif form == "im2col":
+            gi = sample_columns.grad_input(grad_output, weight, input.shape, p,
+                                           limit) if mask[0] else None
+            gw = reference.convolution_backward(
+                grad_output, input, weight, None, *args, [False, True, False],
+                chunk_bytes=limit)[1] if mask[1] else None
         elif p.transposed:  # normal roles: x is grad_output, the output gradient is input
             gi, _, gw = _shift(input, grad_output, weight, p, (False, mask[1]), mask[0])
         else:
@@ -196,20 +210,25 @@ def check_form(form: object, x: torch.Tensor, w: torch.Tensor, p: ConvParams) ->
         raise ValueError("form='shift' needs more than one input channel per group")
 
 
+def _plain(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> bool:
+    """Eager CPU tensors of one dtype that need no autograd: no subclass, functorch
+    wrapper, dispatch mode or compilation (the fast forms read values and write in place)."""
+    if any(type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad
+           or t.dtype != x.dtype for t in (gy, x, w)):
+        return False
+    if torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling():
+        return False
+    return not torch._C._functorch.is_functorch_wrapped_tensor(x)
+
+
 def _fast_allowed(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, form: Form,
                   mask: tuple[bool, bool, bool], transposed: bool) -> bool:
     """Plain eager CPU tensors of one dtype, no autograd needed; for the shift form, finite
     weight (grad_input) and input (grad_weight) values (module docstring)."""
-    tensors = (gy, x, w)
-    if any(type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad
-           or t.dtype != x.dtype for t in tensors):
+    if not _plain(gy, x, w):
         return False
     if form == "depthwise":
         return True
-    if torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling():
-        return False
-    if torch._C._functorch.is_functorch_wrapped_tensor(x):
-        return False
     if transposed:  # its grad_input is a forward (ATen's products), grad_weight reads gy
         return not mask[1] or bool(torch.isfinite(gy).all())
     return ((not mask[0] or bool(torch.isfinite(w).all()))

@@ -112,7 +112,7 @@ def tap_windows(
         )
 
 
-def _windows(
+def windows(
     x: torch.Tensor, kernel: Ints, out_size: Ints, stride: Ints, dilation: Ints, first: int
 ) -> torch.Tensor:
     """View the (already padded) spatial dims ``first .. first+dim`` of ``x`` as windows:
@@ -161,7 +161,7 @@ def im2col(
                          f"{c} channels")
     if any(padding):
         x = F.pad(x, _pad_arg(padding))
-    win = _windows(x, kernel, out_size, stride, dilation, first=2)  # [N, C, *O, *k]
+    win = windows(x, kernel, out_size, stride, dilation, first=2)  # [N, C, *O, *k]
     # [N, C, *O, *k] -> [C, *k, N, *O]; the reshape is the one copy.
     order = [1, *range(2 + dim, 2 + 2 * dim), 0, *range(2, 2 + dim)]
     rows = c // groups * math.prod(kernel)

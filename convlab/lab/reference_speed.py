@@ -39,6 +39,10 @@ MID3X3 = Layer("mid3x3", (8, 64, 28, 28), (64, 64, 3, 3), padding=1, note="3x3, 
 BASELINES = ("aten slow", "onednn")
 MOVES = ("aten::copy_", "aten::fill_", "aten::zero_", "aten::cat", "aten::constant_pad_nd")
 ALL_MASK = [True, True, True]
+# What the fast im2col form was when a section was taken (sections without the key timed
+# the earlier one: the simple reference with 4 L2 of columns per chunk).
+IM2COL_FORM = (f"grad_input from per-sample columns, {fast_reference.L2_PER_CHUNK} L2 of "
+               "columns per chunk")
 
 
 def layers(quick: bool = False) -> list[Layer]:
@@ -174,6 +178,7 @@ def record(quick: bool = False) -> dict[str, Any]:
     by_name = {layer.name: layer for layer in [*paths.SUITE, MID3X3]}
     profiled = PROFILE_LAYERS[:1] if quick else PROFILE_LAYERS
     return {"method": {**cfg, "threads": torch.get_num_threads(),
-                       "band": "pooled over every layer's A/A pairs (aten slow, oneDNN)"},
+                       "band": "pooled over every layer's A/A pairs (aten slow, oneDNN)",
+                       "im2col_form": IM2COL_FORM},
             "aa_band": band, "layers": rows,
             "profile": [copy_shares(by_name[name]) for name in profiled]}

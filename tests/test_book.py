@@ -62,6 +62,14 @@ def test_book_markdown_pages_are_in_the_toc() -> None:
     assert not missing, f"pages missing from _toc.yml: {missing}"
 
 
+def test_every_module_has_an_api_page() -> None:
+    pages = "".join(p.read_text() for p in (ROOT / "book" / "api").glob("*.md"))
+    modules = [".".join(p.relative_to(ROOT).with_suffix("").parts)
+               for p in sorted((ROOT / "convlab").rglob("*.py")) if not p.name.startswith("_")]
+    missing = [m for m in modules if f"automodule:: {m}\n" not in pages]
+    assert not missing, f"modules without a book/api page: {missing}"
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_notebook_is_executed_without_errors(path: Path) -> None:
     nb = nbformat.read(path, as_version=4)

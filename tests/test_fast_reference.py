@@ -232,3 +232,66 @@ def test_float32_depthwise_loop_matches_aten() -> None:
     want = aten.convolution_backward(gy, x, w, [32], *args, mask)
     for g, e in zip(got, want, strict=True):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)  # float32 sums of 784 terms
+
+
+# The im2col form's grad_input (convlab.aten.fast_grad_input), called directly: chunks of
+# one sample and of the whole batch, gather and scatter, views and channels-last inputs.
+SAMPLE_CASES = [  # x shape, w shape, stride, padding, dilation, groups
+    ((3, 8, 9, 7), (12, 4, 3, 2), (1, 1), (1, 0), (2, 1), 2),  # scatter (K > C), groups
+    ((3, 8, 9, 7), (4, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1),   # gather (K <= C)
+    ((3, 4, 9, 8), (6, 4, 3, 3), (2, 2), (1, 0), (1, 1), 1),   # scatter (stride 2)
+    ((2, 3, 10), (5, 3, 4), (1,), (2,), (1,), 1),              # scatter (K > C), 1-d
+    ((2, 4, 5, 4, 4), (4, 2, 2, 3, 2), (1, 2, 1), (1, 1, 0), (1, 1, 2), 2),  # 3-d
+]
+
+
+@pytest.mark.parametrize("case", SAMPLE_CASES, ids=lambda c: f"{len(c[0]) - 2}d-{c[1]}")
+@pytest.mark.parametrize("limit", [1, 2**30], ids=["one-sample-chunks", "one-chunk"])
+def test_fast_grad_input_matches_aten(case, limit: int) -> None:
+    from convlab.aten import fast_grad_input
+
+    gy, x, w, args = tensors(*case)
+    p = ConvParams.for_tensors(x, w, None, *args)
+    before = [t.clone() for t in (gy, x, w)]
+    want = aten.convolution_backward(gy, x, w, None, *args, [True, False, False])[0]
+    with torch.no_grad():
+        got = fast_grad_input.grad_input(gy, w, x.shape, p, limit)
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    for t, b in zip((gy, x, w), before, strict=True):
+        assert torch.equal(t, b)  # inputs are read, never written
+
+
+def test_fast_grad_input_takes_views_and_channels_last() -> None:
+    gy, x, w, args = tensors((4, 8, 9, 9), (8, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    views = {
+        "channels-last": (gy.contiguous(memory_format=torch.channels_last),
+                          x.contiguous(memory_format=torch.channels_last), w),
+        "strided batch": (torch.stack([gy, gy], 1)[:, 0], torch.stack([x, x], 1)[:, 0], w),
+        "transposed weight": (gy, x, w.transpose(0, 1).contiguous().transpose(0, 1)),
+    }
+    want = aten.convolution_backward(gy, x, w, [8], *args, [True, True, True])
+    for name, (g, xv, wv) in views.items():
+        got = fast.convolution_backward(g, xv, wv, [8], *args, [True, True, True],
+                                        form="im2col")
+        for a, e in zip(got, want, strict=True):
+            torch.testing.assert_close(a, e, rtol=1e-12, atol=1e-12, msg=name)
+
+
+def test_fast_grad_input_refuses_a_transposed_convolution() -> None:
+    from convlab.aten import fast_grad_input
+
+    gy, x, w, args = tensors((2, 4, 5, 5), (4, 3, 3, 3), (2, 2), (1, 1), (1, 1), 1,
+                             transposed=True, out_pad=(1, 1))
+    p = ConvParams.for_tensors(x, w, None, *args)
+    with pytest.raises(ValueError, match="transposed"):
+        fast_grad_input.grad_input(gy, w, x.shape, p, 2**20)
+
+
+def test_the_im2col_form_scatters_for_a_non_finite_weight() -> None:
+    gy, x, w, args = tensors((2, 8, 7, 7), (4, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1)
+    w[1, 2, 0, 0] = math.inf  # the gather would multiply it by padding zeros: NaN
+    got = fast.convolution_backward(gy, x, w, [4], *args, [True, False, False],
+                                    form="im2col")[0]
+    want = aten.convolution_backward(gy, x, w, [4], *args, [True, False, False])[0]
+    torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
+    assert torch.isfinite(got).any() and not torch.isnan(got).all()

@@ -43,6 +43,7 @@ GRID = [
     (2, 1, 1, 1, 5, 5, 1, 0, 1, 1),
     (3, 2, 2, 4, 5, 2, 1, 1, 1, 2),
     (3, 2, 3, 3, 6, 3, 2, 0, 1, 3),
+    (2, 3, 4, 6, 5, 1, 1, 0, 1, 2),  # 1x1, stride 1, no padding: the input is the columns
 ]
 
 
@@ -112,7 +113,7 @@ def test_bad_input_names_the_argument() -> None:
     with pytest.raises(TypeError, match="weight_size must be a sequence of ints"):
         per_sample_weight_grad(x, "6433", go)
     with pytest.raises(ValueError, match="method must be one of auto, grouped, grouped_cl, "
-                       "im2col, got 'loop'"):
+                       "im2col, forward, got 'loop'"):
         per_sample_weight_grad(x, (6, 4, 3, 3), go, method="loop")
     with pytest.raises(ValueError, match="method must be one of .*, got None"):
         per_sample_weight_grad(x, (6, 4, 3, 3), go, method=None)
@@ -249,3 +250,19 @@ def test_choose_method_within_its_stated_margin_on_the_committed_sweeps() -> Non
 ])
 def test_onednn_block_from_flags_and_cap(cap, flags, block) -> None:
     assert per_sample._block(cap, frozenset(flags)) == block
+
+
+def test_checked_geometries_are_cached_and_errors_are_not() -> None:
+    from convlab.scratch import per_sample
+
+    x, go = torch.randn(2, 4, 6, 6), torch.randn(2, 6, 6, 6)
+    per_sample._checked.cache_clear()
+    first = per_sample_weight_grad(x, (6, 4, 3, 3), go, 1, [1, 1])
+    again = per_sample_weight_grad(x, (6, 4, 3, 3), go, 1, (1, 1))  # list and tuple: one key
+    assert per_sample._checked.cache_info().hits == 1
+    torch.testing.assert_close(first, again, rtol=0, atol=0)
+    for _ in range(2):  # the same geometry with a wrong grad_output fails every time
+        with pytest.raises(ValueError, match="grad_output must have"):
+            per_sample_weight_grad(x, (6, 4, 3, 3), go[:, :, :5], 1, 1)
+    with pytest.raises(TypeError, match="groups"):  # a bool is not cached as 1
+        per_sample_weight_grad(x, (6, 4, 3, 3), go, 1, 1, 1, True)

@@ -28,7 +28,11 @@ def test_record_quick_structure() -> None:
     for p in rec["points"]:
         assert set(p["seconds"]) == set(ROUTES)
         assert p["fastest"] in ROUTES and p["auto"] in ROUTES
+        assert set(p["peak_mib"]) == set(ROUTES) | set(p["peers"])
+        assert all(isinstance(v, float) and v > 0 for v in p["peers"].values())
+        assert all(v > 0 for v in p["peak_mib"].values()) and p["forward_s"] > 0
         assert p["auto_over_fastest"] > 0
+    assert psa.against_peers(rec)["speed"]["of"] == 2
     assert rec["worst"] in rec["points"]
     assert rec["worst"]["auto_over_fastest"] == max(p["auto_over_fastest"]
                                                     for p in rec["points"])
@@ -46,3 +50,39 @@ def test_rule_summary_applies_the_current_rule_to_stored_times() -> None:
     assert now["worst"]["auto_over_fastest"] == 4.0
     best = {**stored, "seconds": {"grouped": 1.0, "grouped_cl": 1.05, "im2col": 3.0}}
     assert psa.rule_summary({"block": 16, "points": [best]})["near"] == 1
+
+
+def test_every_peer_gives_convlabs_per_sample_gradients_at_every_layer() -> None:
+    from convlab.lab import per_sample_timing
+
+    for cpg in psa.GRID["channels_per_group"]:
+        x, size, go, groups = psa.layer(cpg, 3, 3)
+        w = torch.randn(size)
+        want = per_sample_weight_grad(x, size, go, 1, 1, 1, groups)
+        for name, fn in per_sample_timing.peer_routes(x, w, go, 1, groups).items():
+            assert callable(fn), (name, fn)  # the pinned requirements install every peer
+            # float32 sums of up to N * 16 * 16 = 768 products of N(0, 1) values
+            torch.testing.assert_close(fn(), want, rtol=1e-4, atol=1e-3,
+                                       msg=f"{name}, {cpg} channels per group")
+
+
+def test_against_peers_reads_speed_step_and_peak_per_point() -> None:
+    pts = [{"channels_per_group": 16, "n": 8, "kernel": 3, "threads": 1,
+            "seconds": {"grouped": 1.0, "grouped_cl": 3.0, "im2col": 2.0},
+            "peers": {"vmap(conv backward)": 0.5, "Opacus (unfold + einsum)": 4.0,
+                      "BackPACK BatchGrad (grouped conv)": "not installed",
+                      "ExpandedWeights": 3.0},
+            "forward_s": 0.5, "peak_mib": {"grouped": 2.0, "grouped_cl": 2.0,
+                                           "im2col": 8.0, "vmap(conv backward)": 1.0,
+                                           "Opacus (unfold + einsum)": 9.0,
+                                           "ExpandedWeights": 0.5}}]
+    section = {"block": 16, "points": pts}
+    out = psa.against_peers(section)
+    auto = out["speed"]["worst"]["auto"]
+    t = {**pts[0]["seconds"], "vmap(conv backward)": 0.5}
+    assert out["speed"]["worst"]["speed"] == t[auto] / 0.5
+    assert out["step"]["worst"]["step"] == (0.5 + t[auto]) / 3.0
+    assert out["peak"]["worst"]["peak"] == pts[0]["peak_mib"][auto] / 1.0  # not EW's 0.5
+    assert out["speed"]["of"] == 1 and out["points"] == 1
+    assert psa.against_peers({"block": 16, "points": [
+        {k: v for k, v in pts[0].items() if k != "peers"}]}) is None

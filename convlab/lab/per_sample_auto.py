@@ -5,7 +5,9 @@ group, batch, kernel, threads), with the route
 route's.
 
 Each grid point is one interleaved run (:func:`convlab.lab.timing.interleaved`) of the
-routes on a 16x16 image, stride 1, ``padding = k // 2``, float32. :func:`record` is the
+routes on a 16x16 image, stride 1, ``padding = k // 2``, float32, next to what a user
+would run instead (``torch.func.vmap``, Opacus, BackPACK, ExpandedWeights), with each
+one's peak memory; :func:`against_peers` reads them. :func:`record` is the
 ``per_sample_auto`` section of :mod:`convlab.lab.records`.
 """
 
@@ -17,11 +19,14 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from convlab.lab import timing
+from convlab.lab import per_sample_timing, timing
+from convlab.lab.profiling import measure_memory
 from convlab.scratch.per_sample import ROUTES, choose_method, onednn_block, per_sample_weight_grad
 
-__all__ = ["GRID", "LAYERS", "layer", "point", "record", "rule_summary", "sweep", "worst"]
+__all__ = ["GRID", "LAYERS", "against_peers", "layer", "point", "record", "rule_summary",
+           "sweep", "worst"]
 
 # channels per group -> (C_in, C_out, groups): depthwise, a 3-channel stem, grouped, ResNet.
 LAYERS: dict[int, tuple[int, int, int]] = {
@@ -50,21 +55,35 @@ def layer(channels_per_group: int, n: int, kernel: int, seed: int = 0
 def point(channels_per_group: int, n: int, kernel: int, threads: int,
           quick: bool = False) -> dict[str, object]:
     """One grid point: median seconds per route, the fastest, the auto choice and its
-    ratio to the fastest (1.0 when it is the fastest)."""
+    ratio to the fastest (1.0 when it is the fastest); in the same interleaved run the
+    peers of :func:`convlab.lab.per_sample_timing.peer_routes` (``peers``: seconds, or
+    "not installed"), the forward alone (``forward_s``, for ExpandedWeights, which runs
+    it too), and the peak MiB allocated by one call of each route and peer
+    (``peak_mib``)."""
     x, size, go, groups = layer(channels_per_group, n, kernel)
     fns: dict[str, Callable[[], object]] = {
         m: (lambda m=m: per_sample_weight_grad(x, size, go, 1, kernel // 2, 1, groups,
                                                method=m))
         for m in ROUTES}
+    w = torch.randn(size, generator=torch.Generator().manual_seed(1))
+    peers = per_sample_timing.peer_routes(x, w, go, kernel // 2, groups)
+    missing = {name: fn for name, fn in peers.items() if isinstance(fn, str)}
+    fns.update({name: fn for name, fn in peers.items() if not isinstance(fn, str)})
+    fns["conv forward"] = lambda: F.conv2d(x, w, padding=kernel // 2, groups=groups)
     t = timing.interleaved(fns, rounds=3 if quick else 5, min_run_time=0.005 if quick
                            else 0.02, threads=threads, min_calls=1 if quick else 3)
     seconds = {m: t[m].median for m in ROUTES}
     fastest = min(seconds, key=seconds.__getitem__)
     auto = choose_method(n, size[1], size[2:], torch.float32, threads=threads)
     ratios = timing.round_ratios(t[auto], t[fastest])
+    peaks = {name: measure_memory(fn)[0] / 2**20 for name, fn in fns.items()
+             if name != "conv forward"}
     return {"channels_per_group": channels_per_group, "n": n, "kernel": kernel,
             "threads": threads, "seconds": seconds, "fastest": fastest, "auto": auto,
-            "auto_over_fastest": statistics.median(ratios)}
+            "auto_over_fastest": statistics.median(ratios),
+            "peers": {name: missing.get(name, t[name].median if name in t else None)
+                      for name in peers},
+            "forward_s": t["conv forward"].median, "peak_mib": peaks}
 
 
 def sweep(quick: bool = False) -> list[dict[str, object]]:
@@ -88,18 +107,57 @@ def rule_summary(section: dict[str, Any]) -> dict[str, Any]:
     at each point the route it picks now (with the section's block and the point's
     threads) and that route's median time over the fastest route's. Returns ``{"near":
     points within 10 % of the fastest, "points": their number, "worst": the point with
-    the largest ratio, with "auto" and "auto_over_fastest" of the current rule}``; a
-    record taken under an earlier rule gives the current rule's numbers, since every
-    route was timed at every point."""
-    rows = []
+    the largest ratio, with "auto" and "auto_over_fastest" of the current rule,
+    "untimed": points where the rule picks a route the sweep did not time (left out)}``;
+    a record taken under an earlier rule gives the current rule's numbers, since every
+    route it had was timed at every point."""
+    rows, untimed = [], 0
     for p in section["points"]:
         seconds = p["seconds"]
         auto = choose_method(p["n"], p["channels_per_group"], [p["kernel"]] * 2,
                              torch.float32, section["block"], p["threads"])
+        if auto not in seconds:  # a route added after the sweep was taken
+            untimed += 1
+            continue
         rows.append({**p, "auto": auto,
                      "auto_over_fastest": seconds[auto] / min(seconds.values())})
     return {"near": sum(r["auto_over_fastest"] <= 1.1 for r in rows), "points": len(rows),
-            "worst": worst(rows)}
+            "untimed": untimed, "worst": worst(rows) if rows else None}
+
+
+def against_peers(section: dict[str, Any], near: float = 1.1) -> dict[str, Any] | None:
+    """The current rule's route against every route and peer of a stored sweep (None when
+    the sweep timed no peers). Per point: ``speed``, the auto route's time over the
+    fastest of the routes and the weight-only peers (vmap, Opacus, BackPACK); ``step``,
+    forward plus the auto route over ExpandedWeights (a sum of two medians of one run);
+    ``peak``, the auto route's peak MiB over the leanest route's or peer's. Returns, for
+    each of the three, the points at or below ``near`` and the worst point."""
+    rows = []
+    for p in section["points"]:
+        if "peers" not in p:
+            return None
+        auto = choose_method(p["n"], p["channels_per_group"], [p["kernel"]] * 2,
+                             torch.float32, section["block"], p["threads"])
+        if auto not in p["seconds"]:
+            continue
+        weight = {**p["seconds"], **{k: v for k, v in p["peers"].items()
+                                     if isinstance(v, float) and k != "ExpandedWeights"}}
+        best = min(weight, key=weight.__getitem__)
+        ew = p["peers"].get("ExpandedWeights")
+        peaks = {k: v for k, v in p["peak_mib"].items() if k != "ExpandedWeights"}
+        lean = min(peaks, key=peaks.__getitem__)
+        rows.append({**{k: p[k] for k in ("channels_per_group", "n", "kernel", "threads")},
+                     "auto": auto, "fastest": best, "leanest": lean,
+                     "speed": weight[auto] / weight[best],
+                     "step": ((p["forward_s"] + weight[auto]) / ew
+                              if isinstance(ew, float) else None),
+                     "peak": peaks[auto] / peaks[lean]})
+    out: dict[str, Any] = {"points": len(rows)}
+    for key in ("speed", "step", "peak"):
+        have = [r for r in rows if r[key] is not None]
+        out[key] = {"near": sum(r[key] <= near for r in have), "of": len(have),
+                    "worst": max(have, key=lambda r: r[key]) if have else None}
+    return out
 
 
 def record(quick: bool = False) -> dict[str, object]:

@@ -31,7 +31,8 @@ from torch.func import grad, vmap
 from convlab.lab import timing
 from convlab.scratch.per_sample import per_sample_weight_grad
 
-__all__ = ["LAYER", "compare", "crossover", "record", "routes", "sweep", "verdict"]
+__all__ = ["LAYER", "compare", "crossover", "peer_routes", "record", "routes", "sweep",
+           "verdict"]
 
 # The timed layer: N, C_in, C_out, image side, kernel side (3x3, padding 1, float32).
 LAYER: tuple[int, int, int, int, int] = (8, 16, 32, 32, 3)
@@ -42,12 +43,64 @@ def installed(package: str) -> bool:
     return importlib.util.find_spec(package) is not None
 
 
-def _tensors(n: int, c_in: int, c_out: int, size: int, k: int, seed: int = 0):
+def layer_tensors(n: int, c_in: int, c_out: int, size: int, k: int, seed: int = 0
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(input, weight, grad_output)`` of a 2-d layer with padding ``k // 2`` (same size)."""
     gen = torch.Generator().manual_seed(seed)
     x = torch.randn(n, c_in, size, size, generator=gen)
     w = torch.randn(c_out, c_in, k, k, generator=gen)
     go = torch.randn(n, c_out, size, size, generator=gen)  # padding k // 2: same size
     return x, w, go
+
+
+def peer_routes(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, padding: int,
+                groups: int = 1) -> dict[str, Callable[[], torch.Tensor] | str]:
+    """What a user would run instead of convlab, for a stride-1 2-d convolution: name ->
+    zero-argument callable giving the ``[N, *w.shape]`` per-sample weight gradients
+    (``"not installed"`` for a missing package). ``vmap``, Opacus and BackPACK take
+    ``x`` and ``go`` (``[N, C_out, *O]``); ``ExpandedWeights`` runs the forward too, as a
+    training step does."""
+    c_out, c_in_g, k = w.shape[0], w.shape[1], w.shape[2]
+    conv = torch.nn.Conv2d(c_in_g * groups, c_out, k, padding=padding, groups=groups,
+                           bias=False)
+    conv.weight.data.copy_(w)
+    args = ([1, 1], [padding, padding], [1, 1], False, [0, 0], groups)
+
+    def backward_only(xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten.convolution_backward(
+            gi[None], xi[None], w, None, *args, [False, True, False])[1]
+
+    peers: dict[str, Callable[[], torch.Tensor] | str] = {
+        "vmap(conv backward)": lambda: vmap(backward_only)(x, go)}
+    if installed("opacus"):
+        from opacus.grad_sample.conv import compute_conv_grad_sample
+
+        peers["Opacus (unfold + einsum)"] = (
+            lambda: compute_conv_grad_sample(conv, [x], go)[conv.weight])
+    else:
+        peers["Opacus (unfold + einsum)"] = "not installed"
+    if installed("backpack"):
+        from backpack.core.derivatives.conv2d import Conv2DDerivatives
+
+        holder = torch.nn.Conv2d(c_in_g * groups, c_out, k, padding=padding, groups=groups,
+                                 bias=False)
+        holder.weight.data.copy_(w)
+        holder.input0, holder.output = x, go  # what BackPACK's hooks store
+        derivatives = Conv2DDerivatives()
+        peers["BackPACK BatchGrad (grouped conv)"] = lambda: derivatives.param_mjp(
+            "weight", holder, None, (go,), go, sum_batch=False)
+    else:
+        peers["BackPACK BatchGrad (grouped conv)"] = "not installed"
+
+    def expanded_weights() -> torch.Tensor:
+        from torch.nn.utils._per_sample_grad import call_for_per_sample_grads
+
+        conv.weight.grad_sample = None
+        call_for_per_sample_grads(conv, loss_reduction="sum")(x).backward(go)
+        return conv.weight.grad_sample
+
+    peers["ExpandedWeights"] = expanded_weights
+    return peers
 
 
 def routes(layer: tuple[int, int, int, int, int] = LAYER
@@ -56,32 +109,18 @@ def routes(layer: tuple[int, int, int, int, int] = LAYER
     returns the ``[N, C_out, C_in, k, k]`` per-sample weight gradients (the step routes'
     ``forward only`` returns the output), or -> ``"not installed"`` for a missing peer."""
     n, c_in, c_out, size, k = layer
-    x, w, go = _tensors(*layer)
+    x, w, go = layer_tensors(*layer)
     pad = k // 2
-    conv = torch.nn.Conv2d(c_in, c_out, k, padding=pad, bias=False)
-    conv.weight.data.copy_(w)
-    mask = [False, True, False]
-
-    def backward_only(xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
-        return torch.ops.aten.convolution_backward(
-            gi[None], xi[None], w, None, [1, 1], [pad, pad], [1, 1], False, [0, 0], 1,
-            mask)[1]
-
+    peers = peer_routes(x, w, go, pad)
     weight: dict[str, Callable[[], torch.Tensor] | str] = {
         "convlab grouped": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
                                                           method="grouped"),
         "convlab auto": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad),
         "convlab im2col": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
                                                          method="im2col"),
-        "vmap(conv backward)": lambda: vmap(backward_only)(x, go),
+        "vmap(conv backward)": peers["vmap(conv backward)"],
+        "Opacus (unfold + einsum)": peers["Opacus (unfold + einsum)"],
     }
-    if installed("opacus"):
-        from opacus.grad_sample.conv import compute_conv_grad_sample
-
-        weight["Opacus (unfold + einsum)"] = (
-            lambda: compute_conv_grad_sample(conv, [x], go)[conv.weight])
-    else:
-        weight["Opacus (unfold + einsum)"] = "not installed"
     if installed("unfoldNd"):
         import unfoldNd
 
@@ -93,27 +132,10 @@ def routes(layer: tuple[int, int, int, int, int] = LAYER
         weight["unfoldNd + einsum"] = unfoldnd_einsum
     else:
         weight["unfoldNd + einsum"] = "not installed"
-    if installed("backpack"):
-        from backpack.core.derivatives.conv2d import Conv2DDerivatives
-
-        holder = torch.nn.Conv2d(c_in, c_out, k, padding=pad, bias=False)
-        holder.weight.data.copy_(w)
-        holder.input0, holder.output = x, go  # what BackPACK's hooks store
-        derivatives = Conv2DDerivatives()
-        weight["BackPACK BatchGrad (grouped conv)"] = lambda: derivatives.param_mjp(
-            "weight", holder, None, (go,), go, sum_batch=False)
-    else:
-        weight["BackPACK BatchGrad (grouped conv)"] = "not installed"
+    weight["BackPACK BatchGrad (grouped conv)"] = peers["BackPACK BatchGrad (grouped conv)"]
 
     def full_loss(wt: torch.Tensor, xi: torch.Tensor, gi: torch.Tensor) -> torch.Tensor:
         return (F.conv2d(xi[None], wt, padding=pad) * gi[None]).sum()
-
-    def expanded_weights() -> torch.Tensor:
-        from torch.nn.utils._per_sample_grad import call_for_per_sample_grads
-
-        conv.weight.grad_sample = None
-        call_for_per_sample_grads(conv, loss_reduction="sum")(x).backward(go)
-        return conv.weight.grad_sample
 
     def loop() -> torch.Tensor:
         wr = w.clone().requires_grad_()
@@ -123,7 +145,7 @@ def routes(layer: tuple[int, int, int, int, int] = LAYER
 
     step = {
         "vmap(grad(conv))": lambda: vmap(grad(full_loss), in_dims=(None, 0, 0))(w, x, go),
-        "ExpandedWeights": expanded_weights,
+        "ExpandedWeights": peers["ExpandedWeights"],
         "loop of backwards": loop,
         "forward only": lambda: F.conv2d(x, w, padding=pad),
     }
@@ -213,7 +235,7 @@ def sweep(quick: bool = False) -> dict[str, object]:
     for axis, points in axes.items():
         fns: dict[str, Callable[[], object]] = {}
         for n, size in points:
-            x, w, go = _tensors(n, 16, 32, size, 3, seed=n + size)
+            x, w, go = layer_tensors(n, 16, 32, size, 3, seed=n + size)
             for method in ("grouped", "im2col"):
                 fns[f"{method} {n} {size}"] = (
                     lambda x=x, w=w, go=go, m=method:

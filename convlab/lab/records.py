@@ -57,6 +57,8 @@ SECTIONS: dict[str, str] = {
     "claims": "convlab.lab.claims:record_outcomes",
     "impls": "convlab.lab.impls:record",
     "lowp": "convlab.lab.lowp:record",
+    # optional: convlab's reference and per-sample routes in those dtypes
+    "lowp_ours": "convlab.lab.lowp_ours:record",
 }
 # In a checkout convlab/lab/data/records links to book/data/records; an installed package
 # (a wheel, as on Colab) holds a copy of those files there (pyproject's package data).

@@ -168,6 +168,33 @@ def im2col(
     return win.permute(order).reshape(groups, rows, n * math.prod(out_size))
 
 
+def sample_columns(
+    out: torch.Tensor,
+    x: torch.Tensor,
+    kernel: Ints,
+    out_size: Ints,
+    stride: Ints,
+    padding: Ints,
+    dilation: Ints,
+) -> torch.Tensor:
+    """Write the columns of ``x`` ``[N, C, *S]`` per sample into ``out``
+    ``[N, C * prod(kernel), L]`` (one copy) and return ``out``.
+
+    The layout of ``torch.nn.functional.unfold`` and of ATen's slow path (one
+    ``[C * k, L]`` matrix per sample): a GEMM batched over the samples reads it as it
+    lies, where :func:`im2col`'s batch-folded layout makes one long GEMM. ``out`` is
+    typically a buffer reused for every chunk of samples; geometry as :func:`im2col`
+    (not re-checked here: callers pass validated sizes).
+    """
+    n, c, dim = x.shape[0], x.shape[1], len(kernel)
+    if any(padding):
+        x = F.pad(x, _pad_arg(padding))
+    win = windows(x, kernel, out_size, stride, dilation, first=2)  # [N, C, *O, *k]
+    order = [0, 1, *range(2 + dim, 2 + 2 * dim), *range(2, 2 + dim)]
+    out.view(n, c, *kernel, *out_size).copy_(win.permute(order))
+    return out
+
+
 def col2im(
     cols: torch.Tensor,
     input_shape: Ints,

@@ -431,3 +431,13 @@ def check_same(a: torch.Tensor, b: torch.Tensor, name_a: str, name_b: str) -> No
         raise TypeError(f"{name_b} has dtype {b.dtype} but {name_a} has dtype {a.dtype}")
     if a.device != b.device:
         raise ValueError(f"{name_b} is on {b.device} but {name_a} is on {a.device}")
+
+
+def threads_or_current(threads: object) -> int:
+    """``threads`` as a positive int, or torch's current thread count for None (the thread
+    term of the rules that pick a form or a route; ``ValueError`` otherwise)."""
+    if threads is None:
+        return torch.get_num_threads()
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    return threads

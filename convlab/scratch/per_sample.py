@@ -4,7 +4,7 @@ A convolution's weight gradient is a sum over the batch,
 ``grad_weight = sum_n grad_output_n · columns_nᵀ`` (per group). Keeping the terms of that
 sum apart instead of adding them gives every sample's own gradient, which is what
 differentially private training (DP-SGD) clips, or what gradient-noise and influence
-estimates need. Three routes compute all of them at once:
+estimates need. Four routes compute all of them at once:
 
 * ``"grouped"``: fold the batch into the channels and run **one grouped weight-gradient
   convolution** (``groups * N`` groups) on whatever backend ATen selects; this is what
@@ -20,14 +20,19 @@ estimates need. Three routes compute all of them at once:
   where the NCHW call falls back to its GEMM (``ONEDNN_VERBOSE`` on the AVX-512 machine
   of the sweep: ``jit:avx512_core`` against ``x64:gemm:jit`` at 1 and 3 channels per
   group).
-* ``"im2col"``: build the im2col columns and contract them with ``grad_output`` in one
-  batched GEMM (an ``einsum``), chunk by chunk over the samples so that the columns of one
-  chunk stay under ``CHUNK_BYTES``; Opacus's ``nn.Conv2d`` grad sampler does the same
-  contraction on its own unfold (``F.pad`` + ``as_strided``; for ``groups > 1`` it
-  contracts over every pair of groups and keeps the diagonal, ``groups`` times the work),
-  and ExpandedWeights does it from batch 32 on.
+* ``"im2col"``: build each sample's im2col columns and contract them with its
+  ``grad_output`` in one GEMM batched over samples and groups, chunk by chunk over the
+  samples so that the columns of one chunk stay under ``CHUNK_BYTES`` (one buffer for all
+  chunks); a 1x1 kernel with stride 1 and no padding contracts the input itself, no copy.
+  Opacus's ``nn.Conv2d`` grad sampler does the same contraction on its own unfold
+  (``F.pad`` + ``as_strided``; for ``groups > 1`` it contracts over every pair of groups
+  and keeps the diagonal, ``groups`` times the work), and ExpandedWeights does it from
+  batch 32 on.
+* ``"forward"``: BackPACK's route (above), one forward convolution in which the input is
+  the input and ``grad_output`` the weight. With one input channel per group its kernels
+  are ``grad_output``'s planes as they lie, and oneDNN's depthwise forward runs it.
 
-``"auto"`` (the default) picks one of them with :func:`choose_method`, a rule fitted on a
+``"auto"`` (the default) picks one of these routes with :func:`choose_method`, a rule fitted on a
 timed sweep (channels per group, batch, kernel, threads, instruction set); its docstring
 gives the rule and the sweep it came from.
 
@@ -44,14 +49,20 @@ from collections.abc import Sequence
 
 import torch
 
-from convlab.scratch.im2col import im2col
-from convlab.scratch.params import ConvParams, IntOrSeq, check_same, check_tensor
+from convlab.scratch.im2col import sample_columns
+from convlab.scratch.params import (
+    ConvParams,
+    IntOrSeq,
+    check_same,
+    check_tensor,
+    threads_or_current,
+)
 from convlab.scratch.reference import CHUNK_BYTES
 
 __all__ = ["METHODS", "ROUTES", "choose_method", "onednn_block", "per_sample_bias_grad",
            "per_sample_weight_grad"]
 
-ROUTES: tuple[str, ...] = ("grouped", "grouped_cl", "im2col")
+ROUTES: tuple[str, ...] = ("grouped", "grouped_cl", "im2col", "forward")
 METHODS: tuple[str, ...] = ("auto", *ROUTES)
 # oneDNN's vector block (channels per register) for the ISA caps that change it.
 _BLOCKS: tuple[tuple[str, int], ...] = (("AVX512", 16), ("AVX10", 16), ("AVX2", 8))
@@ -140,10 +151,7 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     taking x1.07-x2.6 im2col's time from N = 4 on, so rule 5 follows the three hosts.
     """
     block = onednn_block() if block is None else block
-    if threads is None:
-        threads = torch.get_num_threads()
-    elif isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be a positive int or None, got {threads!r}")
+    threads = threads_or_current(threads)
     c, taps = channels_per_group, math.prod(kernel)
     if dtype not in (torch.float32, torch.bfloat16):
         return "im2col"
@@ -180,7 +188,8 @@ def per_sample_weight_grad(
     Shapes: input ``[N, C_in, *S]``, weight_size ``[C_out, C_in/groups, *k]``,
     grad_output ``[N, C_out, *O]``. ``method`` is ``"grouped"`` (one grouped convolution
     backward, no column buffer), ``"grouped_cl"`` (the same in channels-last memory),
-    ``"im2col"`` (columns and a batched GEMM, chunked over the samples) or ``"auto"``
+    ``"im2col"`` (columns and a batched GEMM, chunked over the samples), ``"forward"``
+    (one forward convolution with ``grad_output`` as the weight) or ``"auto"``
     (:func:`choose_method`). Returns ``[N, C_out, C_in/groups, *k]``; its sum over the
     first dimension is the usual ``grad_weight``.
 
@@ -194,14 +203,15 @@ def per_sample_weight_grad(
     weight_size = _weight_size(weight_size)
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    p = ConvParams.create(len(weight_size) - 2, stride, padding, dilation, False, 0, groups)
-    p.check_shapes(tuple(input.shape), weight_size)
-    expected = p.output_shape(tuple(input.shape), weight_size)
-    if tuple(grad_output.shape) != expected:
-        raise ValueError(
-            f"grad_output must have the forward output's shape {list(expected)}, "
-            f"got {list(grad_output.shape)}"
-        )
+    key = (tuple(input.shape), weight_size, _frozen(stride), _frozen(padding),
+           _frozen(dilation), groups, tuple(grad_output.shape))
+    try:
+        hash(key)
+        plain = all(type(v) is int for part in key for v in
+                    (part if isinstance(part, tuple) else (part,)))
+    except TypeError:
+        plain = False
+    p, expected = _checked(*key) if plain else _check(*key)
     n = input.shape[0]
     if n == 0 or math.prod(weight_size) == 0:
         return input.new_zeros((n, *weight_size))
@@ -210,7 +220,36 @@ def per_sample_weight_grad(
                   if input.device.type == "cpu" else "grouped")
     if method == "im2col":
         return _im2col(input, weight_size, grad_output, p, expected[2:])
+    if method == "forward":
+        return _forward(input, weight_size, grad_output, p)
     return _grouped(input, weight_size, grad_output, p, method == "grouped_cl")
+
+
+def _check(input_shape: tuple[int, ...], weight_size: tuple[int, ...], stride: IntOrSeq,
+           padding: IntOrSeq, dilation: IntOrSeq, groups: int,
+           grad_output_shape: tuple[int, ...]) -> tuple[ConvParams, tuple[int, ...]]:
+    """The geometry of a call, checked (``ValueError``/``TypeError`` naming the argument):
+    its ``ConvParams`` and the forward output's shape, which ``grad_output`` must have."""
+    p = ConvParams.create(len(weight_size) - 2, stride, padding, dilation, False, 0, groups)
+    p.check_shapes(input_shape, weight_size)
+    expected = p.output_shape(input_shape, weight_size)
+    if grad_output_shape != expected:
+        raise ValueError(
+            f"grad_output must have the forward output's shape {list(expected)}, "
+            f"got {list(grad_output_shape)}"
+        )
+    return p, expected
+
+
+# A training step asks about the same few layers every time: the checks of a geometry
+# seen before cost a dictionary lookup (the checks take longer than a small layer's ATen
+# call). Only plain-int geometries are kept; an error is never cached.
+_checked = functools.lru_cache(maxsize=512)(_check)
+
+
+def _frozen(value: object) -> object:
+    """Lists as tuples (so that a geometry can be a cache key); anything else as is."""
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _grouped(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torch.Tensor,
@@ -237,22 +276,55 @@ def _grouped(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: tor
 
 def _im2col(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torch.Tensor,
             p: ConvParams, out_size: Sequence[int]) -> torch.Tensor:
-    """Columns ``[G, C/G*k, n*L]`` of a chunk of ``n`` samples (at most ``CHUNK_BYTES``,
-    at least one sample), contracted with its ``grad_output`` in one batched GEMM per
-    chunk: ``[K/G, L] @ [L, C/G*k]`` per sample and group."""
+    """Per-sample columns ``[n, G, C/G*k, L]`` of a chunk of ``n`` samples (at most
+    ``CHUNK_BYTES``, at least one sample), contracted with its ``grad_output`` in one
+    batched GEMM per chunk, ``[K/G, L] @ [L, C/G*k]`` per sample and group, written
+    straight into the result. A 1x1 kernel with stride 1 and no padding reads the input
+    itself as its columns (no copy)."""
     n, g = input.shape[0], p.groups
+    k_g, ck = weight_size[0] // g, math.prod(weight_size[1:])
     positions = math.prod(out_size)
+    out = input.new_empty((n, g, k_g, ck))
+    gy = grad_output.reshape(n, g, k_g, positions)
+    if math.prod(weight_size[2:]) == 1 and all(s == 1 for s in p.stride) \
+            and not any(p.padding):
+        torch.matmul(gy, input.reshape(n, g, ck, positions).transpose(2, 3), out=out)
+        return out.reshape(n, *weight_size)
     sample_bytes = input.element_size() * input.shape[1] * math.prod(weight_size[2:]) * positions
-    step = max(1, CHUNK_BYTES // max(1, sample_bytes))
-    out = input.new_empty((n, g, weight_size[0] // g, math.prod(weight_size[1:])))
+    step = min(n, max(1, CHUNK_BYTES // max(1, sample_bytes)))
+    buf = input.new_empty((step, g, ck, positions))
     for lo in range(0, n, step):
-        x = input[lo:lo + step]
-        m = x.shape[0]
-        cols = im2col(x, weight_size[2:], out_size, p.stride, p.padding, p.dilation, g)
-        cols = cols.reshape(g, cols.shape[1], m, positions)
-        gy = grad_output[lo:lo + step].reshape(m, g, weight_size[0] // g, positions)
-        out[lo:lo + m] = torch.einsum("ngol,gcnl->ngoc", gy, cols)
+        m = min(step, n - lo)
+        cols = sample_columns(buf[:m].view(m, g * ck, positions), input[lo:lo + m],
+                              weight_size[2:], out_size, p.stride, p.padding,
+                              p.dilation).view(m, g, ck, positions)
+        torch.matmul(gy[lo:lo + m], cols.transpose(2, 3), out=out[lo:lo + m])
     return out.reshape(n, *weight_size)
+
+
+def _forward(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torch.Tensor,
+             p: ConvParams) -> torch.Tensor:
+    """BackPACK's route: one *forward* convolution, the input ``[1, N*C_in, *S]`` as its
+    input, ``grad_output`` as its weight (one ``[*O]`` kernel per sample, output and
+    input channel, repeated ``C_in/groups`` times), ``N * C_in`` groups, stride and
+    dilation swapped; its ``[1, N*C_in*K/G, *k']`` output holds every sample's
+    ``[K/G, *k]`` block per input channel (``k'`` may pass ``k`` by less than a stride:
+    cropped)."""
+    n, c = input.shape[:2]
+    g, dim = p.groups, p.dim
+    k_g, c_g, kernel = weight_size[0] // g, weight_size[1], weight_size[2:]
+    out_size = grad_output.shape[2:]
+    gy = grad_output.reshape(n, g, 1, k_g, *out_size)
+    if c_g > 1:  # each input channel of a group needs its group's K/G kernels
+        gy = gy.expand(n, g, c_g, k_g, *out_size)
+    kernels = gy.reshape(n * c * k_g, 1, *out_size)
+    x = input.reshape(1, n * c, *input.shape[2:])
+    y = torch.ops.aten.convolution.default(
+        x, kernels, None, list(p.dilation), list(p.padding), list(p.stride), False,
+        [0] * dim, n * c)
+    y = y[(..., *(slice(0, k) for k in kernel))]  # [1, N*C*K/G, *k]
+    return (y.reshape(n, g, c_g, k_g, *kernel).transpose(2, 3)
+            .reshape(n, *weight_size))
 
 
 def per_sample_bias_grad(grad_output: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from convlab.scratch.im2col import tap_windows, windows
+from convlab.scratch.im2col import sample_columns, tap_windows
 from convlab.scratch.params import ConvParams
 
 __all__ = ["grad_input"]
@@ -38,18 +38,6 @@ def _chunks(n: int, sample_bytes: int, limit: int) -> tuple[list[slice], int]:
     most = max(1, limit // max(1, sample_bytes))
     step = max(1, math.ceil(n / max(1, math.ceil(n / most))))
     return [slice(i, min(n, i + step)) for i in range(0, n, step)], step
-
-
-def _columns_into(buf: torch.Tensor, x: torch.Tensor, kernel: Sequence[int],
-                  out_size: Sequence[int], p: ConvParams) -> torch.Tensor:
-    """Write the columns of ``x`` ``[n, C, *S]`` into ``buf`` ``[n, C*k, L]`` (one copy)."""
-    n, c, dim = x.shape[0], x.shape[1], p.dim
-    if any(p.padding):
-        x = F.pad(x, [v for pad in reversed(p.padding) for v in (pad, pad)])
-    win = windows(x, kernel, out_size, p.stride, p.dilation, first=2)  # [n, C, *O, *k]
-    order = [0, 1, *range(2 + dim, 2 + 2 * dim), *range(2, 2 + dim)]
-    buf.view(n, c, *kernel, *out_size).copy_(win.permute(order))
-    return buf
 
 
 def _forward(x: torch.Tensor, w: torch.Tensor, out_size: Sequence[int], p: ConvParams,
@@ -65,7 +53,8 @@ def _forward(x: torch.Tensor, w: torch.Tensor, out_size: Sequence[int], p: ConvP
     w_mat = w.reshape(g, k // g, ck)
     for s in slices:
         m = s.stop - s.start
-        cols = _columns_into(buf[:m], x[s], kernel, out_size, p).view(m, g, ck, positions)
+        cols = sample_columns(buf[:m], x[s], kernel, out_size, p.stride, p.padding,
+                              p.dilation).view(m, g, ck, positions)
         torch.matmul(w_mat, cols, out=y[s].view(m, g, k // g, positions))
     return y
 

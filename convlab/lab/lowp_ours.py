@@ -1,0 +1,128 @@
+"""The ``lowp_ours`` section of a measurement record: convlab's own routes in bfloat16 and
+float16 next to oneDNN's, where ATen sends those dtypes to oneDNN.
+
+Two interleaved runs (:func:`convlab.lab.timing.interleaved`), each per reduced dtype that
+:func:`convlab.lab.lowp.support` finds supported, and in float32 for scale:
+
+* ``reference``: on a few suite layers, the full backward of the from-scratch reference
+  (:func:`convlab.aten.fast_reference.convolution_backward`; a reduced dtype takes its
+  simple form, whose GEMMs are ``torch.matmul`` in that dtype) against the forced oneDNN
+  backward in the same dtype;
+* ``per_sample``: every route of :func:`convlab.scratch.per_sample.per_sample_weight_grad`
+  on :data:`convlab.lab.per_sample_timing.LAYER`.
+
+Per row: the median time, its ratio to the float32 row of the same candidate (median of
+per-round ratios), and the accuracy ``max |g - g64| / max |g64|`` against float64 from the
+same rounded inputs (the arithmetic's error, as in :mod:`convlab.lab.lowp`).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from convlab.aten import fast_reference
+from convlab.lab import lowp, paths, per_sample_timing, timing
+from convlab.lab.paths import Layer
+from convlab.scratch.per_sample import ROUTES, per_sample_weight_grad
+
+__all__ = ["record"]
+
+FULL = {"rounds": 5, "min_calls": 3, "min_run_time": 0.05}
+QUICK = {"rounds": 3, "min_calls": 1, "min_run_time": 0.005}
+LAYERS = ("cifar5", "resnet14")
+QUICK_LAYERS = ("cifar5",)
+MASK = [True, True, False]
+
+
+def _error(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> float:
+    """Largest ``max |g - g64| / max |g64|`` over the pairs."""
+    return max(((g.double() - r).abs().max() / r.abs().max()).item()
+               for g, r in zip(got, want, strict=True))
+
+
+def _reference_fns(layer: Layer, name: str) -> tuple[dict, dict, dict]:
+    """For ``layer`` in dtype ``name``: the timed calls (convlab's reference, forced
+    oneDNN), oneDNN's context, and each call's error against float64."""
+    dtype = lowp.LOW[name][0] if name in lowp.LOW else torch.float32
+    x, w, b, go = layer.tensors(dtype=dtype)
+    args = layer.args()
+    want = torch.ops.aten.convolution_backward(go.double(), x.double(), w.double(), None,
+                                               *args, MASK)[:2]
+    path = paths.get_path("mkldnn")
+
+    def ours() -> object:
+        return fast_reference.convolution_backward(go, x, w, None, *args, MASK)
+
+    def theirs() -> object:
+        return torch.ops.aten.convolution_backward(go, x, w, None, *args, MASK)
+
+    with path.held():
+        err_theirs = _error(theirs()[:2], want)
+    key = f"{layer.name} {name}"
+    return ({f"reference {key}": ours, f"onednn {key}": theirs},
+            {f"onednn {key}": path.held},
+            {f"reference {key}": _error(ours()[:2], want), f"onednn {key}": err_theirs})
+
+
+def _per_sample_fns(name: str) -> tuple[dict, dict]:
+    """Every per-sample route in dtype ``name``, and its error against float64."""
+    dtype = lowp.LOW[name][0] if name in lowp.LOW else torch.float32
+    x, w, go = (t.to(dtype) for t in per_sample_timing.layer_tensors(
+        *per_sample_timing.LAYER))
+    pad = per_sample_timing.LAYER[4] // 2
+    want = per_sample_weight_grad(x.double(), w.shape, go.double(), padding=pad)
+    fns: dict[str, Callable[[], object]] = {}
+    errors = {}
+    for route in ROUTES:
+        def fn(route: str = route) -> torch.Tensor:
+            return per_sample_weight_grad(x, w.shape, go, padding=pad, method=route)
+
+        fns[f"{route} {name}"] = fn
+        errors[f"{route} {name}"] = _error([fn()], [want])
+    return fns, errors
+
+
+def _rows(timings: dict[str, timing.Timing], errors: dict[str, float],
+          ) -> list[dict[str, Any]]:
+    """One row per ``"<candidate> <dtype>"``, its time over the candidate's float32 one."""
+    rows = []
+    for key, t in timings.items():
+        what, dtype = key.rsplit(" ", 1)
+        base = timings[f"{what} float32"]
+        rows.append({"candidate": what, "dtype": dtype, "median_s": t.median,
+                     "over_float32": statistics.median(timing.round_ratios(t, base)),
+                     "max_rel_error": errors[key]})
+    return rows
+
+
+def record(quick: bool = False) -> dict[str, Any]:
+    """The ``lowp_ours`` section (module docstring); ``quick``: one small layer, 3 rounds."""
+    cfg = QUICK if quick else FULL
+    supported = lowp.support()
+    names = ["float32", *(n for n, s in supported.items() if s["supported"])]
+    fns: dict[str, Callable[[], object]] = {}
+    around: dict[str, Callable[[], Any]] = {}
+    errors: dict[str, float] = {}
+    for layer in paths.suite_layers(list(QUICK_LAYERS if quick else LAYERS)):
+        for name in names:
+            f, a, e = _reference_fns(layer, name)
+            fns.update(f)
+            around.update(a)
+            errors.update(e)
+    reference = timing.interleaved(fns, around=around, **cfg)
+    fns, errors_ps = {}, {}
+    for name in names:
+        f, e = _per_sample_fns(name)
+        fns.update(f)
+        errors_ps.update(e)
+    per_sample = timing.interleaved(fns, threads=1, **cfg)
+    return {"method": {**cfg, "threads": torch.get_num_threads(), "per_sample_threads": 1,
+                       "error": lowp.ERROR_TEXT,
+                       "per_sample_layer": list(per_sample_timing.LAYER)},
+            "support": supported,
+            "reference": _rows(reference, errors),
+            "per_sample": _rows(per_sample, errors_ps)}

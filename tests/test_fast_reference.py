@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -222,6 +225,22 @@ def test_a_form_that_cannot_serve_the_call_is_refused() -> None:
         fast.convolution_backward(gy, x, w, None, *args, [True])
 
 
+def test_depthwise_loop_follows_atens_cpu_capability() -> None:
+    """The C++ loop is compiled for AVX-512, AVX2 and the baseline and picks the variant
+    by ATen's CPU capability, so ATEN_CPU_CAPABILITY caps it as it caps ATen's kernels."""
+    from convlab.aten import extension
+
+    here = torch.backends.cpu.get_cpu_capability()
+    want = {"AVX512": "avx512", "AVX2": "avx2"}.get(here, "default")
+    assert extension.load().ops.depthwise2d_variant() == want
+    code = ("import torch; from convlab.aten import extension; "
+            "print(torch.backends.cpu.get_cpu_capability(), "
+            "extension.load().ops.depthwise2d_variant())")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env={**os.environ, "ATEN_CPU_CAPABILITY": "default"}, check=True)
+    assert run.stdout.split() == ["DEFAULT", "default"]
+
+
 def test_float32_depthwise_loop_matches_aten() -> None:
     x = torch.randn(4, 32, 14, 14)
     w = torch.randn(32, 1, 3, 3)
@@ -295,3 +314,20 @@ def test_the_im2col_form_scatters_for_a_non_finite_weight() -> None:
     want = aten.convolution_backward(gy, x, w, [4], *args, [True, False, False])[0]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
     assert torch.isfinite(got).any() and not torch.isnan(got).all()
+
+
+@pytest.mark.parametrize(("where", "value"), [
+    ("input", math.inf), ("input", math.nan), ("weight", math.inf), ("grad_output", math.nan)])
+def test_depthwise_loop_matches_aten_with_a_non_finite_value(where: str, value: float) -> None:
+    """A plane with a non-finite input or weight leaves the padded flat loop (whose extra
+    columns would multiply it by zero) for the bounded one; NaN lands where ATen puts it."""
+    gy, x, w, args = tensors((2, 6, 9, 8), (6, 1, 3, 3), (1, 1), (1, 1), (1, 1), 6)
+    # column 0: the flat loop's extra columns of g read it
+    {"input": x, "weight": w, "grad_output": gy}[where][1, 0, 1, 0] = value
+    mask = [True, True, True]
+    got = fast.convolution_backward(gy, x, w, [6], *args, mask, form="depthwise")
+    want = aten.convolution_backward(gy, x, w, [6], *args, mask)
+    for g, e in zip(got, want, strict=True):
+        torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12, equal_nan=True)
+        assert torch.equal(torch.isnan(g), torch.isnan(e))
+    assert torch.isfinite(got[0]).any()

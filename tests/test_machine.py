@@ -86,6 +86,29 @@ def test_records_of_two_hosts_of_one_model_get_two_names():
             != machine.machine_slug("Intel(R) Xeon(R) Processor", 2, fp_b["caches"]))
 
 
+def test_two_hosts_of_one_model_and_cache_differ_by_cpuid_family_and_model():
+    """'AMD EPYC' with 32 MiB of L3 was a Zen 5 host one day and a Zen 4 host the next."""
+    def fp(family_model):
+        return {"cpu_model": "AMD EPYC", "cores": 2, "isa_flags": ["avx2"],
+                "caches": {"L3": 32 * 2**20}, "cpu_family_model": family_model}
+    zen4, zen5, old = fp("25-17"), fp("26-2"), fp(None)
+    assert machine.slug_of(zen4) == "amd-epyc-x2-l3-32m-f25m17"
+    assert machine.slug_of(old) == "amd-epyc-x2-l3-32m"  # records from before the field
+    assert len({machine.slug_of(f) for f in (zen4, zen5, old)}) == 3
+    assert machine.display_name(zen4) == "AMD EPYC x2 (L3 32 MiB, family 25 model 17)"
+    assert machine.display_name(old) == "AMD EPYC x2 (L3 32 MiB)"
+    assert records.cpu_identity({"fingerprint": zen4}) != records.cpu_identity(
+        {"fingerprint": zen5})
+
+
+def test_cpu_family_model_reads_cpuinfo(monkeypatch):
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: "processor\t: 0\ncpu family\t: 25\n"
+                        "model\t\t: 17\nmodel name\t: AMD EPYC\n")
+    assert machine.cpu_family_model() == "25-17"
+    monkeypatch.setattr(machine, "_cpuinfo", lambda: "model name\t: Apple M2\n")
+    assert machine.cpu_family_model() is None
+
+
 def test_parse_onednn_verbose():
     text = "\n".join([
         "onednn_verbose,v1,info,oneDNN v3.12.0 (commit x)",

@@ -196,21 +196,23 @@ def test_channels_last_input_and_chunked_columns(monkeypatch) -> None:
 # (n, channels per group, kernel side, block, threads) -> route: each row of the rule,
 # and its edges.
 RULE_CASES = [
-    # 2. 1x1 kernels: grouped while N * C/g <= 64 and C/g > 1
-    ((8, 8, 1, 16, 2), "grouped"), ((8, 16, 1, 16, 1), "im2col"),
-    ((8, 1, 1, 16, 1), "im2col"), ((1, 64, 1, 0, 1), "grouped"),
-    # 3. depthwise
-    ((1, 1, 3, 16, 1), "im2col"), ((8, 1, 3, 0, 2), "grouped"),
-    ((8, 1, 5, 8, 1), "grouped_cl"), ((8, 1, 7, 0, 1), "grouped"),
-    ((8, 1, 7, 0, 2), "grouped_cl"),
-    # 4. one sample
-    ((1, 3, 5, 16, 1), "grouped"), ((1, 16, 3, 0, 1), "grouped"),
+    # 2. 1x1 kernels: the input is the columns
+    ((8, 8, 1, 16, 2), "im2col"), ((1, 64, 1, 0, 1), "im2col"), ((8, 1, 1, 8, 1), "im2col"),
+    # 3. depthwise: one sample up to 5x5 im2col, 3x3 with a block grouped, else the
+    # swapped-roles forward
+    ((1, 1, 3, 16, 1), "im2col"), ((1, 1, 5, 0, 2), "im2col"), ((1, 1, 7, 8, 1), "forward"),
+    ((8, 1, 3, 8, 2), "grouped"), ((64, 1, 3, 16, 1), "grouped"),
+    ((8, 1, 3, 0, 2), "forward"), ((8, 1, 5, 16, 1), "forward"),
+    # 4. one sample: grouped at 3x3 (any block), and larger with a block and C/g >= 8
+    ((1, 3, 3, 0, 1), "grouped"), ((1, 16, 5, 16, 1), "grouped"),
+    ((1, 8, 7, 8, 2), "grouped"), ((1, 3, 5, 16, 1), "im2col"),
     ((1, 16, 5, 0, 1), "im2col"),
     # 5. no JIT block
     ((8, 16, 3, 0, 1), "im2col"), ((64, 64, 7, 0, 2), "im2col"),
-    # 6. few channels per group
-    ((8, 3, 5, 16, 1), "grouped_cl"), ((8, 3, 3, 16, 1), "im2col"),
-    ((8, 3, 5, 8, 2), "im2col"),
+    # 6. few channels per group: grouped_cl from 5x5 with 16-wide blocks and N >= 32
+    ((64, 3, 5, 16, 1), "grouped_cl"), ((32, 7, 7, 16, 2), "grouped_cl"),
+    ((8, 3, 5, 16, 1), "im2col"), ((64, 3, 3, 16, 1), "im2col"),
+    ((64, 3, 5, 8, 2), "im2col"),
     # 7. otherwise
     ((64, 64, 3, 8, 1), "grouped"), ((8, 8, 7, 16, 2), "grouped"),
     ((8, 4, 3, 8, 1), "grouped"),
@@ -234,12 +236,14 @@ def test_choose_method_within_its_stated_margin_on_the_committed_sweeps() -> Non
     """The docstring's numbers, recomputed from the records' per_sample_auto sections."""
     from convlab.lab import per_sample_auto, records
 
-    stated = {"AMX": (113, 2.84), "AVX2": (116, 1.35), "SSE4.1": (96, 2.65)}
+    stated = {"avx512_bf16": (115, 1.48), "avx512": (114, 1.56), "avx2": (113, 1.37),
+              "sse41": (115, 1.62)}
     found = {}
     for r in records.load_records():
-        if "480" in r.machine_name and r.isa_name in stated:
+        if r.path.name.startswith("amd-epyc-x2-l3-32m-f25m17__"):
             now = per_sample_auto.rule_summary(r.section("per_sample_auto"))
-            found[r.isa_name] = (now["near"], round(now["worst"]["auto_over_fastest"], 2))
+            assert now["points"] == 120 and now["untimed"] == 0
+            found[r.isa] = (now["near"], round(now["worst"]["auto_over_fastest"], 2))
     assert found == stated
 
 

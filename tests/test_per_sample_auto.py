@@ -39,17 +39,21 @@ def test_record_quick_structure() -> None:
 
 
 def test_rule_summary_applies_the_current_rule_to_stored_times() -> None:
-    # depthwise 3x3 at N = 8: the rule now takes grouped, whatever "auto" was stored.
-    stored = {"channels_per_group": 1, "n": 8, "kernel": 3, "threads": 1,
+    # 16 channels, 3x3, N = 8: the rule now takes grouped, whatever "auto" was stored.
+    stored = {"channels_per_group": 16, "n": 8, "kernel": 3, "threads": 1,
               "seconds": {"grouped": 2.0, "grouped_cl": 1.0, "im2col": 4.0},
               "fastest": "grouped_cl", "auto": "im2col", "auto_over_fastest": 4.0}
-    one = {**stored, "n": 1}  # one sample: im2col
+    one = {**stored, "channels_per_group": 3, "n": 1, "kernel": 5}  # one sample: im2col
     now = psa.rule_summary({"block": 16, "points": [stored, one]})
-    assert now["points"] == 2 and now["near"] == 0
+    assert now["points"] == 2 and now["near"] == 0 and now["untimed"] == 0
     assert now["worst"]["auto"] == "im2col" and now["worst"]["n"] == 1
     assert now["worst"]["auto_over_fastest"] == 4.0
     best = {**stored, "seconds": {"grouped": 1.0, "grouped_cl": 1.05, "im2col": 3.0}}
     assert psa.rule_summary({"block": 16, "points": [best]})["near"] == 1
+    # depthwise 5x5 at N = 8: the rule takes forward, which this old sweep did not time
+    old = {**stored, "channels_per_group": 1, "kernel": 5}
+    now = psa.rule_summary({"block": 16, "points": [old]})
+    assert now == {"near": 0, "points": 0, "untimed": 1, "worst": None}
 
 
 def test_every_peer_gives_convlabs_per_sample_gradients_at_every_layer() -> None:
@@ -86,3 +90,21 @@ def test_against_peers_reads_speed_step_and_peak_per_point() -> None:
     assert out["speed"]["of"] == 1 and out["points"] == 1
     assert psa.against_peers({"block": 16, "points": [
         {k: v for k, v in pts[0].items() if k != "peers"}]}) is None
+
+
+def test_route_facts_read_the_fastest_route_and_the_depthwise_ratio() -> None:
+    def pt(c, n, k, **seconds):
+        return {"channels_per_group": c, "n": n, "kernel": k, "threads": 1, "seconds": seconds}
+    section = {"points": [
+        pt(16, 8, 1, grouped=2.0, im2col=1.0, forward=3.0),
+        pt(16, 8, 1, grouped=1.0, im2col=1.5, forward=3.0),
+        pt(1, 8, 5, grouped=6.0, im2col=2.0, forward=1.0),
+        pt(1, 64, 7, grouped=20.0, im2col=5.0, forward=2.0),
+        pt(1, 1, 7, grouped=9.0, im2col=1.0, forward=1.0),  # one sample: not counted
+        pt(1, 8, 3, grouped=1.0, im2col=2.0, forward=1.0),  # 3x3: not counted
+    ]}
+    facts = psa.route_facts(section)
+    assert facts == {"one_by_one": (1, 2), "depthwise_forward": (6.0, 10.0)}
+    for p in section["points"]:
+        del p["seconds"]["forward"]
+    assert psa.route_facts(section)["depthwise_forward"] is None

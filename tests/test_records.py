@@ -109,6 +109,8 @@ def test_manifest_validation_names_the_problem(tmp_path, data, problem):
     (lambda d: d["fingerprint"].update(cores=True), "fingerprint.cores must be int, got bool"),
     (lambda d: d["fingerprint"].update(cpu_model=None), "fingerprint.cpu_model must be str"),
     (lambda d: d["fingerprint"].update(blas=[]), "fingerprint.blas must be dict, got list"),
+    (lambda d: d["fingerprint"].update(cpu_family_model="Zen 4"),
+     "fingerprint.cpu_family_model must be '<family>-<model>' or null"),
     (lambda d: d.update(section_meta=[]), "'section_meta' must be dict, got list"),
     (lambda d: d["section_meta"].update(suite=3), "section_meta['suite'] must be an object"),
     (lambda d: d["load"].update(after=[1.0, float("nan"), 2.0]),
@@ -256,10 +258,12 @@ SWAP_CPU = ("import json, os\n"
             "machine.cpu_flags = lambda: set(_cpu['flags'])\n"
             "machine.cpu_model = lambda: _cpu['model']\n"
             "machine.cache_sizes = lambda *a: dict(_cpu.get('caches', {}))\n"
+            "machine.cpu_family_model = lambda: _cpu.get('family_model')\n"
             "def _fingerprint():\n"
             "    fp = dict(_real())\n"
             "    fp.update(_cpu['runs'][os.environ['ONEDNN_MAX_CPU_ISA']])\n"
-            "    fp.update(cpu_model=_cpu['model'], isa_flags=sorted(_cpu['flags']))\n"
+            "    fp.update(cpu_model=_cpu['model'], isa_flags=sorted(_cpu['flags']),\n"
+            "              cpu_family_model=_cpu.get('family_model'))\n"
             "    return fp\n"
             "machine.fingerprint = _fingerprint\n")
 

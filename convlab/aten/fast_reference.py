@@ -29,7 +29,9 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
   :func:`convlab.scratch.reference.convolution_backward`, with the same chunks.
 * ``"depthwise"``: one fused pass of a small C++ loop in convlab's extension
   (``torch.ops.convlab_ext.depthwise2d_backward``: per channel and sample, every tap
-  scatter-adds into grad_input and sums into grad_weight while the planes sit in L1).
+  scatter-adds into grad_input and sums into grad_weight while the planes sit in L1),
+  compiled for AVX-512, AVX2 and the baseline and picked by ATen's CPU capability
+  (``torch.ops.convlab_ext.depthwise2d_variant()``), so ``ATEN_CPU_CAPABILITY`` caps it.
 
 The shift form multiplies zeros that are not padding (the grid's margin) by the weight and
 the input, so it needs both finite (as ATen's scatter col2im adds only real products); like

@@ -45,6 +45,16 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine() or "unknown CPU"
 
 
+def cpu_family_model() -> str | None:
+    """``"<family>-<model>"`` of the first CPU in ``/proc/cpuinfo`` (None elsewhere): the
+    cpuid numbers that name the microarchitecture where a cloud VM masks the model name
+    (``AMD EPYC`` is family 25, model 17 on a Zen 4 host)."""
+    text = _cpuinfo()
+    family = re.search(r"^cpu family\s*:\s*(\d+)\s*$", text, re.MULTILINE)
+    model = re.search(r"^model\s*:\s*(\d+)\s*$", text, re.MULTILINE)
+    return f"{family.group(1)}-{model.group(1)}" if family and model else None
+
+
 def cpu_flags() -> set[str]:
     """All flags of the first CPU in ``/proc/cpuinfo`` (empty where there is none)."""
     match = re.search(r"^flags\s*:\s*(.+)$", _cpuinfo(), re.MULTILINE)
@@ -118,20 +128,26 @@ def memory_available() -> int | None:
 
 
 def machine_slug(model: str | None = None, cores: int | None = None,
-                 caches: Mapping[str, int] | None = None) -> str:
-    """A file-name part for this machine: CPU model, logical cores and last-level cache,
-    ``[a-z0-9-]``.
+                 caches: Mapping[str, int] | None = None,
+                 family_model: str | None = None) -> str:
+    """A file-name part for this machine: CPU model, logical cores, last-level cache and
+    cpuid family and model, ``[a-z0-9-]``.
 
     A cloud VM reports one model name for different hosts (``Intel(R) Xeon(R) Processor``
-    with 300 MiB or 480 MiB of L3), so the last-level cache is part of the name where it is
-    known. ``caches={}`` leaves it out (records written before fingerprints held caches).
-    With no arguments: this machine.
+    with 300 MiB or 480 MiB of L3; ``AMD EPYC`` for a Zen 4 and a Zen 5 host with 32 MiB
+    each), so the last-level cache and :func:`cpu_family_model` are part of the name where
+    known. ``caches={}`` and ``family_model=None`` leave them out (records written before
+    fingerprints held them). With no arguments: this machine.
 
     >>> machine_slug("AMD EPYC 7B13 (R)", 2, {})
     'amd-epyc-7b13-x2'
     >>> machine_slug("Intel(R) Xeon(R) Processor", 2, {"L3": 480 * 2**20})
     'intel-xeon-processor-x2-l3-480m'
+    >>> machine_slug("AMD EPYC", 2, {"L3": 32 * 2**20}, "25-17")
+    'amd-epyc-x2-l3-32m-f25m17'
     """
+    if model is None and cores is None and caches is None:
+        family_model = cpu_family_model()
     model = cpu_model() if model is None else model
     cores = (os.cpu_count() or 1) if cores is None else cores
     caches = cache_sizes() if caches is None else caches
@@ -140,7 +156,39 @@ def machine_slug(model: str | None = None, cores: int | None = None,
     found = last_level(caches)
     if found:
         slug += f"-{found[0].lower()}-{max(1, round(found[1] / 2**20))}m"
+    if family_model:
+        family, _, number = family_model.partition("-")
+        slug += f"-f{family}m{number}"
     return slug
+
+
+def slug_of(fp: Mapping[str, object]) -> str:
+    """:func:`machine_slug` of a stored :func:`fingerprint`."""
+    caches = fp.get("caches") or {}
+    family_model = fp.get("cpu_family_model")
+    return machine_slug(str(fp.get("cpu_model")), int(str(fp.get("cores") or 0)),
+                        caches if isinstance(caches, Mapping) else {},
+                        str(family_model) if family_model else None)
+
+
+def display_name(fp: Mapping[str, object]) -> str:
+    """A stored fingerprint's machine as the text names it: ``AMD EPYC x2``, with the
+    last-level cache and the cpuid family and model where the fingerprint has them
+    (``AMD EPYC x2 (L3 32 MiB, family 25 model 17)``), since those tell apart hosts that
+    report one model name.
+
+    >>> display_name({"cpu_model": "Intel(R) Xeon(R) Processor", "cores": 2,
+    ...               "caches": {"L3": 480 * 2**20}})
+    'Intel Xeon x2 (L3 480 MiB)'
+    """
+    name = f"{short_model(str(fp.get('cpu_model')))} x{fp.get('cores')}"
+    caches = fp.get("caches") or {}
+    found = last_level(caches if isinstance(caches, Mapping) else {})
+    parts = [f"{found[0]} {max(1, round(found[1] / 2**20))} MiB"] if found else []
+    if fp.get("cpu_family_model"):
+        family, _, number = str(fp["cpu_family_model"]).partition("-")
+        parts.append(f"family {family} model {number}")
+    return f"{name} ({', '.join(parts)})" if parts else name
 
 
 def capture_stdout(fn: Callable[[], object]) -> str:
@@ -306,7 +354,8 @@ def _blas() -> dict[str, object]:
 def fingerprint() -> dict[str, object]:
     """This process's machine and settings, JSON-serialisable (see the module docstring).
 
-    Keys: cpu_model, cores, caches (bytes per level, sysfs), isa_flags, aten_cpu_capability,
+    Keys: cpu_model, cores, caches (bytes per level, sysfs), cpu_family_model, isa_flags,
+    aten_cpu_capability,
     onednn_version, onednn_isa
     (the ``jit:...`` implementation of the convolution backward), onednn_isa_info,
     onednn_implementations (float32), onednn_dtype_implementations (bfloat16/float16 where
@@ -325,6 +374,7 @@ def fingerprint() -> dict[str, object]:
         "cpu_model": cpu_model(),
         "cores": os.cpu_count(),
         "caches": cache_sizes(),
+        "cpu_family_model": cpu_family_model(),
         "isa_flags": [f for f in ISA_FLAGS if f in flags],
         "aten_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         "onednn_version": onednn.group(1) if onednn else None,

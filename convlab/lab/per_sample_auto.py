@@ -25,8 +25,8 @@ from convlab.lab import per_sample_timing, timing
 from convlab.lab.profiling import measure_memory
 from convlab.scratch.per_sample import ROUTES, choose_method, onednn_block, per_sample_weight_grad
 
-__all__ = ["GRID", "LAYERS", "against_peers", "layer", "point", "record", "rule_summary",
-           "sweep", "worst"]
+__all__ = ["GRID", "LAYERS", "against_peers", "layer", "point", "record", "route_facts",
+           "rule_summary", "sweep", "worst"]
 
 # channels per group -> (C_in, C_out, groups): depthwise, a 3-channel stem, grouped, ResNet.
 LAYERS: dict[int, tuple[int, int, int]] = {
@@ -123,6 +123,23 @@ def rule_summary(section: dict[str, Any]) -> dict[str, Any]:
                      "auto_over_fastest": seconds[auto] / min(seconds.values())})
     return {"near": sum(r["auto_over_fastest"] <= 1.1 for r in rows), "points": len(rows),
             "untimed": untimed, "worst": worst(rows) if rows else None}
+
+
+def route_facts(section: dict[str, Any]) -> dict[str, Any]:
+    """The two facts behind rules 2 and 3 of
+    :func:`~convlab.scratch.per_sample.choose_method`, read off a stored sweep:
+    ``one_by_one``, ``(points where im2col is the fastest route, 1x1 points)``; and
+    ``depthwise_forward``, the ``(least, largest)`` ratio of the grouped route's time to
+    the forward route's over the depthwise points from 5x5 on with more than one sample
+    (None where the sweep did not time the forward route)."""
+    points = section["points"]
+    ones = [p for p in points if p["kernel"] == 1]
+    fastest = sum(min(p["seconds"], key=p["seconds"].__getitem__) == "im2col" for p in ones)
+    dw = [p["seconds"]["grouped"] / p["seconds"]["forward"] for p in points
+          if p["channels_per_group"] == 1 and p["kernel"] >= 5 and p["n"] > 1
+          and "forward" in p["seconds"]]
+    return {"one_by_one": (fastest, len(ones)),
+            "depthwise_forward": (min(dw), max(dw)) if dw else None}
 
 
 def against_peers(section: dict[str, Any], near: float = 1.1) -> dict[str, Any] | None:

@@ -118,6 +118,8 @@ def routes(layer: tuple[int, int, int, int, int] = LAYER
         "convlab auto": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad),
         "convlab im2col": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
                                                          method="im2col"),
+        "convlab forward": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
+                                                          method="forward"),
         "vmap(conv backward)": peers["vmap(conv backward)"],
         "Opacus (unfold + einsum)": peers["Opacus (unfold + einsum)"],
     }

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import re
 from typing import Any
 
 from convlab.lab import isa_settings
@@ -110,6 +111,10 @@ def validate(data: object) -> list[str]:
     if not (isinstance(caches, dict)
             and all(isinstance(k, str) and _is(v, int) and v > 0 for k, v in caches.items())):
         problems.append("fingerprint.caches must map cache names to positive byte counts")
+    family_model = fp.get("cpu_family_model")  # optional, like caches: it names the machine
+    if family_model is not None and not (isinstance(family_model, str)
+                                         and re.fullmatch(r"\d+-\d+", family_model)):
+        problems.append("fingerprint.cpu_family_model must be '<family>-<model>' or null")
     for key in ("before", "after"):
         value = data["load"].get(key)
         if not (isinstance(value, list) and len(value) == 3

@@ -99,9 +99,7 @@ class Record:
     @property
     def machine(self) -> str:
         """The machine slug (the file name's first part)."""
-        return machine.machine_slug(str(self.fingerprint.get("cpu_model")),
-                                    int(self.fingerprint.get("cores") or 0),
-                                    self.fingerprint.get("caches") or {})
+        return machine.slug_of(self.fingerprint)
 
     @property
     def isa_name(self) -> str:
@@ -110,13 +108,8 @@ class Record:
 
     @property
     def machine_name(self) -> str:
-        """E.g. ``AMD EPYC x2``; ``Intel Xeon x2 (L3 480 MiB)`` where caches are known."""
-        model = machine.short_model(str(self.fingerprint.get("cpu_model")))
-        name = f"{model} x{self.fingerprint.get('cores')}"
-        found = machine.last_level(self.fingerprint.get("caches") or {})
-        if found:
-            name += f" ({found[0]} {max(1, round(found[1] / 2**20))} MiB)"
-        return name
+        """E.g. ``AMD EPYC x2`` (:func:`convlab.lab.machine.display_name`)."""
+        return machine.display_name(self.fingerprint)
 
     @property
     def label(self) -> str:
@@ -316,11 +309,12 @@ def merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
 
 
 def cpu_identity(record: Mapping[str, Any]) -> tuple[Any, ...]:
-    """What tells two CPUs apart in a record: model name, logical cores, ISA flags and the
-    last-level cache (None in records written before fingerprints held caches)."""
+    """What tells two CPUs apart in a record: model name, logical cores, ISA flags, the
+    last-level cache and the cpuid family and model (None in records written before
+    fingerprints held them)."""
     fp = record.get("fingerprint", {})
     return (fp.get("cpu_model"), fp.get("cores"), tuple(sorted(fp.get("isa_flags") or ())),
-            machine.last_level_cache(fp.get("caches") or {}))
+            machine.last_level_cache(fp.get("caches") or {}), fp.get("cpu_family_model"))
 
 
 def attach_derived(record: dict[str, Any]) -> dict[str, Any]:

@@ -119,56 +119,52 @@ def onednn_block() -> int:
 def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
                   dtype: torch.dtype = torch.float32, block: int | None = None,
                   threads: int | None = None) -> str:
-    """The route ``method="auto"`` takes: ``"grouped"``, ``"grouped_cl"`` or ``"im2col"``.
+    """The route ``method="auto"`` takes: ``"grouped"``, ``"grouped_cl"``, ``"im2col"`` or
+    ``"forward"``.
 
     ``n`` samples, ``channels_per_group`` ``c`` = ``C_in / groups``, ``kernel`` the
     kernel's sizes (``taps`` = their product), ``block`` ``b`` (default:
     :func:`onednn_block`; 0 where oneDNN has no JIT kernel) and ``threads`` (default
-    torch's current count). The rule, first match wins:
+    torch's current count; no rule reads it, see below). The rule, first match wins:
 
     1. A dtype oneDNN does not take (float64): ``im2col``.
-    2. ``taps == 1`` (the columns are the input itself): ``grouped`` where
-       ``c > 1`` and ``n * c <= 64``, else ``im2col``.
-    3. Depthwise (``c == 1``): ``im2col`` for one sample; ``grouped`` up to 3x3;
-       from 5x5 on ``grouped_cl``, except without a JIT block at one thread
-       (``grouped``).
-    4. One sample: ``grouped``, except without a JIT block from 5x5 on (``im2col``).
+    2. ``taps == 1``: ``im2col`` (the columns are the input itself, no copy).
+    3. Depthwise (``c == 1``): ``im2col`` for one sample up to 5x5; ``grouped`` up to
+       3x3 with a JIT block; else ``forward`` (oneDNN's depthwise forward with
+       ``grad_output``'s planes as kernels).
+    4. One sample: ``grouped`` for 3x3, and for larger kernels with a JIT block and
+       ``c >= 8``; else ``im2col``.
     5. No JIT block (``b == 0``): ``im2col``.
     6. Few channels (``c < b / 2``, e.g. a 3-channel stem): ``grouped_cl`` from 5x5 on
-       with 16-wide blocks, else ``im2col``.
+       with 16-wide blocks and ``n >= 32``, else ``im2col``.
     7. Otherwise ``grouped``.
 
-    Fitted on the records' ``per_sample_auto`` sweeps (:mod:`convlab.lab.per_sample_auto`:
-    channels per group 1, 3, 8, 16, 64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads;
-    16x16, float32) of the 2-core Xeon with 480 MiB of L3 at its AMX (b = 16), AVX2
-    (b = 8) and SSE4.1 (b = 0) settings. On those 120 points per setting (the fit's own
-    data, so an optimistic estimate) the rule is within 10 % of the fastest route at 113,
-    116 and 96, worst x2.84, x1.35 and x2.65; the rule before it (which sent every
-    b = 0 layer to im2col) managed 108, 107 and 71, worst x2.84, x1.55 and x6.77.
-    Rule 5 does not follow that sweep alone: there grouped won for 8 channels per group
-    at SSE4.1, but for 16 -> 32 channels at 3x3 and one thread the ``per_sample``
-    sections of all three recorded hosts (the AMD EPYC and both Xeons) have grouped
-    taking x1.07-x2.6 im2col's time from N = 4 on, so rule 5 follows the three hosts.
+    Fitted on the ``per_sample_auto`` sweeps (:mod:`convlab.lab.per_sample_auto`: channels
+    per group 1, 3, 8, 16, 64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads; 16x16,
+    float32) of a 2-core AMD EPYC with 32 MiB of L3 (cpuid family 25, model 17) at its
+    AVX-512-BF16, AVX-512, AVX2 and SSE4.1 settings. On those 120 points per setting
+    (the fit's own data, so an optimistic estimate) the route it picks is within 10 % of
+    the fastest at 115, 114, 113 and 115 of them, worst x1.48, x1.56, x1.37 and x1.62.
+    The largest misses are single samples at 3x3 (with 8 channels per group im2col was up
+    to x1.6 faster under every setting). A thread term did not pay: where one and two
+    threads disagreed on the fastest route, the rule's route was within x1.6 of it. The
+    sweep has N = 8 and 64 only, so rule 6's 32 is a midpoint, not a measured crossover.
     """
     block = onednn_block() if block is None else block
-    threads = threads_or_current(threads)
+    threads_or_current(threads)  # validated; no rule reads it (docstring)
     c, taps = channels_per_group, math.prod(kernel)
-    if dtype not in (torch.float32, torch.bfloat16):
+    if dtype not in (torch.float32, torch.bfloat16) or taps == 1:
         return "im2col"
-    if taps == 1:
-        return "grouped" if c > 1 and n * c <= 64 else "im2col"
     if c == 1:
-        if n == 1:
+        if n == 1 and taps <= 25:
             return "im2col"
-        if taps <= 9:
-            return "grouped"
-        return "grouped" if block == 0 and threads == 1 else "grouped_cl"
+        return "grouped" if taps <= 9 and block else "forward"
     if n == 1:
-        return "im2col" if block == 0 and taps > 9 else "grouped"
+        return "grouped" if taps == 9 or (block and c >= 8) else "im2col"
     if block == 0:
         return "im2col"
     if 2 * c < block:
-        return "grouped_cl" if block >= 16 and taps >= 25 else "im2col"
+        return "grouped_cl" if block >= 16 and taps >= 25 and n >= 32 else "im2col"
     return "grouped"
 
 

@@ -21,11 +21,14 @@
 #include <ATen/ops/zeros_like.h>
 #include <ATen/ops/_slow_conv2d_backward.h>
 #include <ATen/ops/convolution_backward.h>
+#include <ATen/Version.h>
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
 
 #include <algorithm>
 #include <array>
+#include <cmath>
+#include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
@@ -132,7 +135,8 @@ std::tuple<at::Tensor&, at::Tensor&, at::Tensor&> slow_conv2d_backward_out(
 // inner loops free of a reduction, so the compiler vectorises them.
 template <typename T>
 inline __attribute__((always_inline)) void depthwise_plane(
-    const T* g, const T* x, const T* w, T* gi, T* acc,
+    const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+    T* __restrict__ gi, T* __restrict__ acc,
                      int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t kh,
                      int64_t kw, int64_t sh, int64_t sw, int64_t ph,
                      int64_t pw, int64_t dh, int64_t dw) {
@@ -174,35 +178,175 @@ inline __attribute__((always_inline)) void depthwise_plane(
   }
 }
 
-// The plane loop compiled for AVX2+FMA and for the baseline (x86-64: SSE2);
-// the loader picks the clone this CPU runs (GCC/Clang target_clones), so the
+// Stride 1, finite input and weight: one (sample, channel) plane copied into a
+// zero-padded buffer xpad with row stride Wp, and grad_output onto the same row
+// stride (gpad = gext + smax: zeros in its Wp - Wo extra columns, before it and
+// after it), so that tap t pairs output q with padded input q + s_t,
+// s_t = i * dh * Wp + j * dw, for every q: no bounds inside the loops.
+// grad_weight of tap t: one flat dot product of gpad and xpad + s_t, summed in
+// kLanes independent lanes (acc[t * kLanes + l]). grad_input at padded position
+// p: the gather sum_t w_t * gpad[p - s_t] in registers, one store per position
+// (gipad), the interior copied out. The extra columns hold g = 0 and add
+// 0 * x = 0 and w * 0 = 0, which is why x and w must be finite here.
+constexpr int64_t kLanes = 32;
+
+template <typename T>
+inline __attribute__((always_inline)) void depthwise_plane_flat(
+    const T* __restrict__ g, const T* __restrict__ x, const T* __restrict__ w,
+    T* __restrict__ gi, T* __restrict__ acc, T* __restrict__ xpad,
+    T* __restrict__ gext, T* __restrict__ gipad, int64_t H, int64_t W,
+    int64_t Ho, int64_t Wo, int64_t kh, int64_t kw, int64_t ph, int64_t pw,
+    int64_t dh, int64_t dw, int64_t Wp, int64_t span, int64_t padded) {
+  const int64_t smax = (kh - 1) * dh * Wp + (kw - 1) * dw;
+  T* __restrict__ gpad = gext + smax;
+  for (int64_t q = 0; q < padded; ++q) xpad[q] = T(0);
+  for (int64_t r = 0; r < H; ++r) {
+    for (int64_t c = 0; c < W; ++c) xpad[(r + ph) * Wp + pw + c] = x[r * W + c];
+  }
+  for (int64_t r = 0; r < Ho; ++r) {
+    for (int64_t c = 0; c < Wo; ++c) gpad[r * Wp + c] = g[r * Wo + c];
+  }
+  for (int64_t i = 0; i < kh; ++i) {
+    for (int64_t j = 0; j < kw; ++j) {
+      const int64_t t = i * kw + j;
+      const T* __restrict__ xs = xpad + i * dh * Wp + j * dw;
+      T sum[kLanes] = {};
+      for (int64_t q = 0; q < span; q += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) sum[l] += gpad[q + l] * xs[q + l];
+      }
+      for (int64_t l = 0; l < kLanes; ++l) acc[t * kLanes + l] += sum[l];
+    }
+  }
+  const int64_t first = ph * Wp, last = (ph + H) * Wp;
+  for (int64_t p = first; p < last; p += kLanes) {
+    T out[kLanes] = {};
+    for (int64_t i = 0; i < kh; ++i) {
+      for (int64_t j = 0; j < kw; ++j) {
+        const T wt = w[i * kw + j];
+        const T* __restrict__ src = gpad + p - i * dh * Wp - j * dw;
+        for (int64_t l = 0; l < kLanes; ++l) out[l] += wt * src[l];
+      }
+    }
+    for (int64_t l = 0; l < kLanes; ++l) gipad[p + l] = out[l];
+  }
+  for (int64_t r = 0; r < H; ++r) {
+    for (int64_t c = 0; c < W; ++c) gi[r * W + c] = gipad[(r + ph) * Wp + pw + c];
+  }
+}
+
+// The plane loop compiled three times, for AVX-512, for AVX2+FMA and for the
+// baseline (x86-64: SSE2), and picked by ATen's CPU capability, as ATen's own
+// DispatchStub kernels are: ATEN_CPU_CAPABILITY caps it the same way, and the
 // build does not depend on the building machine's ISA.
 #if defined(__x86_64__) && defined(__GNUC__)
-#define CONVLAB_CLONES __attribute__((target_clones("arch=haswell", "default")))
+#define CONVLAB_X86 1
+#define CONVLAB_AVX512                                                        \
+  __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma,"        \
+                        "prefer-vector-width=512")))
+#define CONVLAB_AVX2 __attribute__((target("avx2,fma")))
 #else
-#define CONVLAB_CLONES
+#define CONVLAB_X86 0
 #endif
 #define CONVLAB_PLANE_ARGS                                                    \
   int64_t H, int64_t W, int64_t Ho, int64_t Wo, int64_t kh, int64_t kw,       \
       int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t dh, int64_t dw
-CONVLAB_CLONES void plane_float(const float* g, const float* x, const float* w,
-                                float* gi, float* acc, CONVLAB_PLANE_ARGS) {
-  depthwise_plane<float>(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw,
-                         dh, dw);
+#define CONVLAB_PLANE_CALL                                                    \
+  depthwise_plane<T>(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw,  \
+                     dh, dw)
+
+template <typename T>
+void plane_default(const T* g, const T* x, const T* w, T* gi, T* acc,
+                   CONVLAB_PLANE_ARGS) {
+  CONVLAB_PLANE_CALL;
 }
-CONVLAB_CLONES void plane_double(const double* g, const double* x,
-                                 const double* w, double* gi, double* acc,
-                                 CONVLAB_PLANE_ARGS) {
-  depthwise_plane<double>(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph,
-                          pw, dh, dw);
+#if CONVLAB_X86
+template <typename T>
+CONVLAB_AVX2 void plane_avx2(const T* g, const T* x, const T* w, T* gi, T* acc,
+                             CONVLAB_PLANE_ARGS) {
+  CONVLAB_PLANE_CALL;
 }
-inline void plane(const float* g, const float* x, const float* w, float* gi,
-                  float* acc, CONVLAB_PLANE_ARGS) {
-  plane_float(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw);
+template <typename T>
+CONVLAB_AVX512 void plane_avx512(const T* g, const T* x, const T* w, T* gi,
+                                 T* acc, CONVLAB_PLANE_ARGS) {
+  CONVLAB_PLANE_CALL;
 }
-inline void plane(const double* g, const double* x, const double* w,
-                  double* gi, double* acc, CONVLAB_PLANE_ARGS) {
-  plane_double(g, x, w, gi, acc, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw, dh, dw);
+#endif
+
+#define CONVLAB_FLAT_ARGS                                                     \
+  T *xpad, T *gext, T *gipad, int64_t H, int64_t W, int64_t Ho, int64_t Wo,    \
+      int64_t kh, int64_t kw, int64_t ph, int64_t pw, int64_t dh, int64_t dw, \
+      int64_t Wp, int64_t span, int64_t padded
+#define CONVLAB_FLAT_CALL                                                     \
+  depthwise_plane_flat<T>(g, x, w, gi, acc, xpad, gext, gipad, H, W, Ho, Wo,  \
+                          kh, kw, ph, pw, dh, dw, Wp, span, padded)
+// Plain copy loops, not memcpy calls: the rows are a few dozen values.
+#define CONVLAB_NO_MEMCPY \
+  __attribute__((optimize("no-tree-loop-distribute-patterns")))
+template <typename T>
+CONVLAB_NO_MEMCPY void flat_default(const T* g, const T* x, const T* w, T* gi,
+                                    T* acc, CONVLAB_FLAT_ARGS) {
+  CONVLAB_FLAT_CALL;
+}
+#if CONVLAB_X86
+template <typename T>
+CONVLAB_AVX2 CONVLAB_NO_MEMCPY void flat_avx2(const T* g, const T* x,
+                                              const T* w, T* gi, T* acc,
+                                              CONVLAB_FLAT_ARGS) {
+  CONVLAB_FLAT_CALL;
+}
+template <typename T>
+CONVLAB_AVX512 CONVLAB_NO_MEMCPY void flat_avx512(const T* g, const T* x,
+                                                  const T* w, T* gi, T* acc,
+                                                  CONVLAB_FLAT_ARGS) {
+  CONVLAB_FLAT_CALL;
+}
+#endif
+
+// Which compiled plane loop ATen's capability selects: "avx512", "avx2" or
+// "default" (also every non-x86 build).
+std::string depthwise2d_variant() {
+#if CONVLAB_X86
+  const std::string capability = at::get_cpu_capability();
+  if (capability == "AVX512") return "avx512";
+  if (capability == "AVX2") return "avx2";
+#endif
+  return "default";
+}
+
+template <typename T>
+using PlaneFn = void (*)(const T*, const T*, const T*, T*, T*, int64_t,
+                         int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                         int64_t, int64_t, int64_t, int64_t, int64_t);
+
+template <typename T>
+using FlatFn = void (*)(const T*, const T*, const T*, T*, T*, T*, T*, T*,
+                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                        int64_t);
+
+template <typename T>
+std::pair<PlaneFn<T>, FlatFn<T>> pick_loops() {
+#if CONVLAB_X86
+  const std::string variant = depthwise2d_variant();
+  if (variant == "avx512") return {&plane_avx512<T>, &flat_avx512<T>};
+  if (variant == "avx2") return {&plane_avx2<T>, &flat_avx2<T>};
+#endif
+  return {&plane_default<T>, &flat_default<T>};
+}
+
+// Whether all n values are finite: v * 0 is NaN exactly when v is not, summed
+// in kLanes independent lanes so the loop vectorises.
+template <typename T>
+bool all_finite(const T* v, int64_t n) {
+  T lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) lanes[l] += v[i + l] * T(0);
+  }
+  T probe = 0;
+  for (; i < n; ++i) probe += v[i] * T(0);
+  for (int64_t l = 0; l < kLanes; ++l) probe += lanes[l];
+  return probe == T(0);
 }
 
 // The backward of a 2-d depthwise convolution (weight [C, 1, kh, kw], groups =
@@ -230,6 +374,15 @@ std::tuple<at::Tensor, at::Tensor> depthwise2d_backward(
                   go.size(1) == C,
               "depthwise2d_backward: need weight [C, 1, kh, kw] and "
               "grad_output [N, C, Ho, Wo] for input [N, C, H, W]");
+  for (int64_t d = 0; d < 2; ++d) {
+    const int64_t size = x.size(2 + d), k = w.size(2 + d);
+    TORCH_CHECK(stride[d] > 0 && padding[d] >= 0 && dilation[d] > 0 &&
+                    go.size(2 + d) ==
+                        (size + 2 * padding[d] - dilation[d] * (k - 1) - 1) /
+                                stride[d] + 1,
+                "depthwise2d_backward: grad_output's spatial size does not "
+                "follow from the input, weight, stride, padding and dilation");
+  }
   auto gi = at::zeros_like(x);
   auto gw = at::zeros_like(w);
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "depthwise2d_backward", [&] {
@@ -238,21 +391,51 @@ std::tuple<at::Tensor, at::Tensor> depthwise2d_backward(
     const scalar_t* wp = w.const_data_ptr<scalar_t>();
     scalar_t* gip = gi.data_ptr<scalar_t>();
     scalar_t* gwp = gw.data_ptr<scalar_t>();
+    const auto loops = pick_loops<scalar_t>();
+    const PlaneFn<scalar_t> plane = loops.first;
+    const FlatFn<scalar_t> flat = loops.second;
+    const int64_t sh = stride[0], sw = stride[1], ph = padding[0],
+                  pw = padding[1], dh = dilation[0], dw = dilation[1];
+    const int64_t taps = kh * kw, Wp = W + 2 * pw;
+    // the flat form's buffers (stride 1): see depthwise_taps_flat
+    const bool unit_stride = sh == 1 && sw == 1;
+    const int64_t span = (Ho * Wp + kLanes - 1) / kLanes * kLanes;
+    const int64_t smax = (kh - 1) * dh * Wp + (kw - 1) * dw;
+    const int64_t padded = span + smax;  // >= (H + 2 * ph) * Wp: xpad's rows
     at::parallel_for(0, C, 1, [&](int64_t begin, int64_t end) {
-      std::vector<scalar_t> acc(kh * kw * Wo);
+      std::vector<scalar_t> acc(taps * Wo), lanes(taps * kLanes);
+      std::vector<scalar_t> xpad, gext, gipad;
+      if (unit_stride) {
+        xpad.resize(padded);
+        gipad.resize(padded + kLanes);
+        gext.assign(smax + padded + kLanes, scalar_t(0));  // zeros stay zeros
+      }
       for (int64_t c = begin; c < end; ++c) {
         std::fill(acc.begin(), acc.end(), scalar_t(0));
+        std::fill(lanes.begin(), lanes.end(), scalar_t(0));
+        const scalar_t* wc = wp + c * taps;
+        bool w_finite = true;
+        for (int64_t t = 0; t < taps; ++t) w_finite &= std::isfinite(wc[t]);
         for (int64_t n = 0; n < N; ++n) {
-          plane(
-              gp + (n * C + c) * Ho * Wo, xp + (n * C + c) * H * W,
-              wp + c * kh * kw, gip + (n * C + c) * H * W, acc.data(), H, W,
-              Ho, Wo, kh, kw, stride[0], stride[1], padding[0], padding[1],
-              dilation[0], dilation[1]);
+          const scalar_t* g = gp + (n * C + c) * Ho * Wo;
+          const scalar_t* xn = xp + (n * C + c) * H * W;
+          scalar_t* gin = gip + (n * C + c) * H * W;
+          if (unit_stride && w_finite) {
+            if (all_finite(xn, H * W)) {
+              flat(g, xn, wc, gin, lanes.data(), xpad.data(), gext.data(),
+                   gipad.data(), H, W, Ho, Wo, kh, kw, ph, pw, dh, dw, Wp, span,
+                   padded);
+              continue;
+            }
+          }
+          plane(g, xn, wc, gin, acc.data(), H, W, Ho, Wo, kh, kw, sh, sw, ph,
+                pw, dh, dw);
         }
-        for (int64_t t = 0; t < kh * kw; ++t) {
+        for (int64_t t = 0; t < taps; ++t) {
           scalar_t sum = 0;
           for (int64_t ow = 0; ow < Wo; ++ow) sum += acc[t * Wo + ow];
-          gwp[c * kh * kw + t] = sum;
+          for (int64_t l = 0; l < kLanes; ++l) sum += lanes[t * kLanes + l];
+          gwp[c * taps + t] = sum;
         }
       }
     });
@@ -279,4 +462,5 @@ TORCH_LIBRARY(convlab_ext, m) {
       "depthwise2d_backward(Tensor grad_output, Tensor input, Tensor weight, "
       "int[2] stride, int[2] padding, int[2] dilation) -> (Tensor, Tensor)",
       &depthwise2d_backward);
+  m.def("depthwise2d_variant() -> str", &depthwise2d_variant);
 }

@@ -9,8 +9,9 @@ from the built site's ``objects.inv``, so build the book first::
 
     make book && .venv/bin/python scripts/colab_copies.py
 
-Each copy records the SHA-256 of its source notebook; ``tests/test_colab_copies.py`` fails
-when a chapter changed after its copy was written.
+Each copy records the SHA-256 of its source notebook and of every file it inlines (a
+``literalinclude``); ``tests/test_colab_copies.py`` fails when either changed after the
+copy was written.
 """
 
 from __future__ import annotations
@@ -250,7 +251,13 @@ def colab_copy(source: Path, inventory: Inventory) -> tuple[nbformat.NotebookNod
     """The Colab copy of one chapter notebook, and the references it could not resolve."""
     nb = nbformat.read(source, as_version=4)
     docname = source.relative_to(ROOT).with_suffix("").as_posix()
-    converter = Converter(inventory, docname, lambda p: p.read_text(encoding="utf-8"))
+    included: dict[str, str] = {}
+
+    def read(path: Path) -> str:  # a literalinclude: its text goes into the copy
+        included[path.relative_to(ROOT).as_posix()] = sha256(path)
+        return path.read_text(encoding="utf-8")
+
+    converter = Converter(inventory, docname, read)
     for cell in nb.cells:
         if cell.cell_type == "markdown":
             cell.source = converter.markdown(cell.source)
@@ -263,6 +270,7 @@ def colab_copy(source: Path, inventory: Inventory) -> tuple[nbformat.NotebookNod
     nb.metadata[META_KEY] = {
         "source": source.relative_to(ROOT).as_posix(),
         "source_sha256": sha256(source),
+        "included_sha256": included,
         "site_page": page,
         "written_by": "scripts/colab_copies.py",
     }

@@ -60,6 +60,10 @@ def test_copy_is_up_to_date(source: Path) -> None:
     assert meta.get("source_sha256") == colab_copies.sha256(source), (
         f"{source.name} changed after its Colab copy was written: {REGENERATE}"
     )
+    for rel, digest in meta.get("included_sha256", {}).items():
+        assert colab_copies.sha256(ROOT / rel) == digest, (
+            f"{rel}, which {source.name} includes, changed after the copy was written: "
+            f"{REGENERATE}")
 
 
 @pytest.mark.parametrize("source", CHAPTERS, ids=lambda p: p.stem)
@@ -167,3 +171,10 @@ def test_converter_reports_what_it_cannot_resolve() -> None:
     text = converter.markdown("{term}`nothing` and {py:func}`convlab.nope`")
     assert text == "nothing and `convlab.nope()`"
     assert converter.unresolved == ["term:nothing", "py:func:convlab.nope"]
+
+
+def test_inlined_files_are_fingerprinted() -> None:
+    """Chapter 5 inlines the extension's source: its copy must go stale when that does."""
+    (ch5,) = [p for p in CHAPTERS if p.name.startswith("05_")]
+    meta = copy_of(ch5).metadata[colab_copies.META_KEY]
+    assert "convlab/aten/csrc/convlab_ext.cpp" in meta["included_sha256"]

@@ -311,6 +311,12 @@ def test_two_hosts_of_one_model_get_two_short_names():
     assert notebook.short_machine_names([amd, old, new, old]) == {
         "AMD EPYC x2": "AMD", "Intel Xeon x2": "Intel",
         "Intel Xeon x2 (L3 480 MiB)": "Intel (L3 480 MiB)"}
+    # one machine of a vendor: the vendor alone, however long its name
+    zen4 = records.Record(path=records.RECORDS_DIR / "z.json", isa="avx2", env={}, created="",
+                          quick=False, load={}, sections={}, fingerprint={
+                              "cpu_model": "AMD EPYC", "cores": 2, "caches": {"L3": 2**25},
+                              "cpu_family_model": "25-17"})
+    assert notebook.short_machine_names([zen4, old, new])[zen4.machine_name] == "AMD"
     # two hosts no short form tells apart keep their whole names
     other = _rec("Intel(R) Core(TM) i7", {"L3": 480 * 2**20})
     assert notebook.short_machine_names([new, other]) == {

@@ -9,7 +9,8 @@ Two interleaved runs (:func:`convlab.lab.timing.interleaved`), each per reduced 
   simple form, whose GEMMs are ``torch.matmul`` in that dtype) against the forced oneDNN
   backward in the same dtype;
 * ``per_sample``: every route of :func:`convlab.scratch.per_sample.per_sample_weight_grad`
-  on :data:`convlab.lab.per_sample_timing.LAYER`.
+  on the layer of :mod:`convlab.lab.per_sample_timing` (its ``LAYER``: N 8, 16 -> 32
+  channels, 32x32, 3x3).
 
 Per row: the median time, its ratio to the float32 row of the same candidate (median of
 per-round ratios), and the accuracy ``max |g - g64| / max |g64|`` against float64 from the

@@ -169,20 +169,21 @@ class Table:
 
 def short_machine_names(recs: Sequence[Any]) -> dict[str, str]:
     """``{machine_name: shortest unique name}`` of records (:class:`convlab.lab.records.Record`)
-    for table cells: the vendor alone where it
-    has one machine (``AMD``), the vendor and the cache where that tells two apart
-    (``Intel (L3 480 MiB)``), else the whole name.
+    for table cells: the vendor alone where the records hold one machine of it (``AMD``),
+    the vendor and the name's parenthesis where that tells its machines apart
+    (``Intel (L3 480 MiB)``), else the whole names.
 
-    The cache is the part of a name that tells two hosts of one reported model apart.
+    The parenthesis (last-level cache, cpuid family and model) is the part of a name that
+    tells two hosts of one reported model apart.
     """
     names = list(dict.fromkeys(r.machine_name for r in recs))
-
-    def shorter(name: str) -> str:
-        vendor, _, rest = name.partition(" ")
-        paren = rest[rest.index("("):] if "(" in rest else ""
-        return f"{vendor} {paren}".strip()
-
-    short = {n: shorter(n) for n in names}
-    if len(set(short.values())) == len(short):
-        return short
-    return {n: n for n in names}
+    vendor = {n: n.partition(" ")[0] for n in names}
+    out: dict[str, str] = {}
+    for v in dict.fromkeys(vendor.values()):
+        group = [n for n in names if vendor[n] == v]
+        if len(group) == 1:
+            out[group[0]] = v
+            continue
+        short = {n: f"{v} {n[n.index('('):] if '(' in n else ''}".strip() for n in group}
+        out.update(short if len(set(short.values())) == len(group) else {n: n for n in group})
+    return out

@@ -25,8 +25,8 @@ import math
 from collections.abc import Sequence
 
 import torch
-import torch.nn.functional as F
 
+from convlab.scratch import reference
 from convlab.scratch.im2col import sample_columns, tap_windows
 from convlab.scratch.params import ConvParams
 
@@ -61,20 +61,9 @@ def _forward(x: torch.Tensor, w: torch.Tensor, out_size: Sequence[int], p: ConvP
 
 def _grad_input_gather(gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],
                        p: ConvParams, limit: int) -> torch.Tensor:
-    """Stride 1: grad_input is the forward of ``gy`` padded by ``dilation * (k - 1) -
-    padding`` with the flipped kernel, input and output channels swapped per group."""
-    g, dim = p.groups, p.dim
-    kernel, out_size, size = w.shape[2:], gy.shape[2:], input_shape[2:]
-    pads = []
-    for kk, o, s, pad, d in zip(kernel, out_size, size, p.padding, p.dilation, strict=True):
-        left = d * (kk - 1) - pad
-        pads.append((left, s + d * (kk - 1) - o - left))  # negative values crop
-    gy = F.pad(gy, [v for pair in reversed(pads) for v in pair])
-    k, c_g = w.shape[:2]
-    w_t = (w.reshape(g, k // g, c_g, *kernel).transpose(1, 2)
-           .reshape(g * c_g, k // g, *kernel).flip(list(range(2, 2 + dim))))
-    unit = ConvParams.create(dim, 1, 0, p.dilation, False, 0, g)
-    return _forward(gy, w_t, size, unit, limit)
+    """Stride 1: the forward of :func:`convlab.scratch.reference.gather_operands`."""
+    gy, w_t, unit = reference.gather_operands(gy, w, input_shape, p)
+    return _forward(gy, w_t, input_shape[2:], unit, limit)
 
 
 def _grad_input_scatter(gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],

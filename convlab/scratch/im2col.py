@@ -127,6 +127,15 @@ def windows(
     return x
 
 
+def _padded_windows(x: torch.Tensor, kernel: Ints, out_size: Ints, stride: Ints,
+                    padding: Ints, dilation: Ints) -> torch.Tensor:
+    """The view ``[N, C, *O, *k]`` of ``x`` ``[N, C, *S]`` zero-padded (a copy only where
+    there is padding): window ``o`` at kernel offset ``k``."""
+    if any(padding):
+        x = F.pad(x, _pad_arg(padding))
+    return windows(x, kernel, out_size, stride, dilation, first=2)
+
+
 def im2col(
     x: torch.Tensor,
     kernel: Ints,
@@ -159,9 +168,7 @@ def im2col(
     if groups < 1 or c % groups:
         raise ValueError(f"groups={groups} must be a positive divisor of the input's "
                          f"{c} channels")
-    if any(padding):
-        x = F.pad(x, _pad_arg(padding))
-    win = windows(x, kernel, out_size, stride, dilation, first=2)  # [N, C, *O, *k]
+    win = _padded_windows(x, kernel, out_size, stride, padding, dilation)
     # [N, C, *O, *k] -> [C, *k, N, *O]; the reshape is the one copy.
     order = [1, *range(2 + dim, 2 + 2 * dim), 0, *range(2, 2 + dim)]
     rows = c // groups * math.prod(kernel)
@@ -187,9 +194,7 @@ def sample_columns(
     (not re-checked here: callers pass validated sizes).
     """
     n, c, dim = x.shape[0], x.shape[1], len(kernel)
-    if any(padding):
-        x = F.pad(x, _pad_arg(padding))
-    win = windows(x, kernel, out_size, stride, dilation, first=2)  # [N, C, *O, *k]
+    win = _padded_windows(x, kernel, out_size, stride, padding, dilation)
     order = [0, 1, *range(2 + dim, 2 + 2 * dim), *range(2, 2 + dim)]
     out.view(n, c, *kernel, *out_size).copy_(win.permute(order))
     return out

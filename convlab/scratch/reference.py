@@ -55,7 +55,7 @@ from convlab.scratch.params import (
     check_tensor,
 )
 
-__all__ = ["convolution", "convolution_backward"]
+__all__ = ["convolution", "convolution_backward", "gather_operands"]
 
 Mask = Sequence[bool]
 Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
@@ -202,13 +202,11 @@ def _values_readable(t: torch.Tensor) -> bool:
     return not torch.compiler.is_compiling()
 
 
-def _grad_input_unit_stride(
-    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams,
-    chunk_bytes: int | None = None,
-) -> torch.Tensor:
+def gather_operands(gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],
+                    p: ConvParams) -> tuple[torch.Tensor, torch.Tensor, ConvParams]:
     """With stride 1, grad_input is itself a convolution (a gather): of ``gy`` padded by
     ``dilation * (k - 1) - padding`` with the flipped kernel, input and output channels
-    swapped within each group."""
+    swapped within each group. Returns ``(padded gy, that kernel, its ConvParams)``."""
     g, dim = p.groups, p.dim
     kernel, out_size, size = w.shape[2:], gy.shape[2:], input_shape[2:]
     pads = []
@@ -219,8 +217,17 @@ def _grad_input_unit_stride(
     c_out, c_in_g = w.shape[:2]
     w_t = (w.reshape(g, c_out // g, c_in_g, *kernel).transpose(1, 2)
            .reshape(g * c_in_g, c_out // g, *kernel).flip(list(range(2, 2 + dim))))
-    unit = ConvParams.create(dim, 1, 0, p.dilation, False, 0, g)
-    y, _ = _column_gemms(gy, kernel, size, unit, w=w_t, chunk_bytes=chunk_bytes)
+    return gy, w_t, ConvParams.create(dim, 1, 0, p.dilation, False, 0, g)
+
+
+def _grad_input_unit_stride(
+    gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int], p: ConvParams,
+    chunk_bytes: int | None = None,
+) -> torch.Tensor:
+    """grad_input as the gather of :func:`gather_operands`, in column GEMMs."""
+    gy, w_t, unit = gather_operands(gy, w, input_shape, p)
+    y, _ = _column_gemms(gy, w.shape[2:], input_shape[2:], unit, w=w_t,
+                         chunk_bytes=chunk_bytes)
     assert y is not None
     return y
 

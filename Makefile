@@ -63,12 +63,15 @@ nbval: $(STAMP)
 
 # The second ISA setting `make test` runs under: the one most unlike any x86 CPU this runs on
 # (oneDNN capped at SSE4.1, ATen's scalar kernels), so no test or compared notebook output may
-# depend on the ISA. The browser tests and the standalone C++ build run once.
+# depend on the ISA. The browser tests, the PDF print (both Chromium), the standalone C++
+# build and the records runner (whose child processes set each ISA setting themselves) run
+# once.
 ISA_LOW := ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default
 
 unit-isa: $(STAMP) system-deps
 	$(ISA_LOW) $(PY) -m pytest tests -q --ignore=tests/test_browser.py \
-	  --ignore=tests/test_standalone_cpp.py
+	  --ignore=tests/test_book_pdf.py --ignore=tests/test_standalone_cpp.py \
+	  --ignore=tests/test_records.py
 
 nbval-isa: $(STAMP)
 	$(ISA_LOW) $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \

@@ -87,7 +87,8 @@ def test_records_of_two_hosts_of_one_model_get_two_names():
 
 
 def test_two_hosts_of_one_model_and_cache_differ_by_cpuid_family_and_model():
-    """'AMD EPYC' with 32 MiB of L3 was a Zen 5 host one day and a Zen 4 host the next."""
+    """'AMD EPYC' with 32 MiB of L3 named two hosts on two days (one of them cpuid family
+    25, model 17, with other ISA flags and L1d than the other)."""
     def fp(family_model):
         return {"cpu_model": "AMD EPYC", "cores": 2, "isa_flags": ["avx2"],
                 "caches": {"L3": 32 * 2**20}, "cpu_family_model": family_model}

@@ -134,10 +134,10 @@ def machine_slug(model: str | None = None, cores: int | None = None,
     cpuid family and model, ``[a-z0-9-]``.
 
     A cloud VM reports one model name for different hosts (``Intel(R) Xeon(R) Processor``
-    with 300 MiB or 480 MiB of L3; ``AMD EPYC`` for a Zen 4 and a Zen 5 host with 32 MiB
-    each), so the last-level cache and :func:`cpu_family_model` are part of the name where
-    known. ``caches={}`` and ``family_model=None`` leave them out (records written before
-    fingerprints held them). With no arguments: this machine.
+    with 300 MiB or 480 MiB of L3; ``AMD EPYC`` for two hosts with 32 MiB each, one of
+    them cpuid family 25, model 17), so the last-level cache and :func:`cpu_family_model`
+    are part of the name where known. ``caches={}`` and ``family_model=None`` leave them
+    out (records written before fingerprints held them). With no arguments: this machine.
 
     >>> machine_slug("AMD EPYC 7B13 (R)", 2, {})
     'amd-epyc-7b13-x2'

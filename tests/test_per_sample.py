@@ -193,8 +193,36 @@ def test_channels_last_input_and_chunked_columns(monkeypatch) -> None:
     torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
 
 
-# (n, channels per group, kernel side, block, threads) -> route: each row of the rule,
-# and its edges.
+@pytest.mark.parametrize("method", ["grouped", "grouped_cl"])
+def test_grouped_routes_call_in_chunks_of_bounded_gradients(monkeypatch, method) -> None:
+    x = torch.randn(7, 4, 9, 9, dtype=torch.float64)
+    go = torch.randn(7, 8, 9, 9, dtype=torch.float64)
+    size = (8, 2, 3, 3)
+    expected = vmap_reference(x, torch.zeros(size, dtype=torch.float64), go, 1, 1, 1, 2)
+    x1 = x.clone().requires_grad_()
+    one_call = per_sample_weight_grad(x1, size, go, 1, 1, 1, 2, method=method)
+    one_call.sum().backward()
+    calls = []
+    inner = per_sample._grouped_call
+
+    def spy(input, *args, **kwargs):
+        calls.append(input.shape[0])
+        return inner(input, *args, **kwargs)
+
+    monkeypatch.setattr(per_sample, "_grouped_call", spy)
+    # One sample's gradients: 8*2*3*3 float64 values; 3 samples per call at most.
+    monkeypatch.setattr(per_sample, "GROUPED_CHUNK_BYTES", 8 * 2 * 3 * 3 * 8 * 3)
+    xr = x.clone().requires_grad_()
+    got = per_sample_weight_grad(xr, size, go, 1, 1, 1, 2, method=method)
+    assert calls == [3, 3, 1]
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(got, one_call, rtol=1e-12, atol=1e-12)
+    got.sum().backward()  # the chunks' copies keep the graph to the input
+    torch.testing.assert_close(xr.grad, x1.grad, rtol=1e-12, atol=1e-12)
+
+
+# (n, channels per group, kernel side, block, threads[, groups]) -> route: each row of
+# the rule, and its edges.
 RULE_CASES = [
     # 2. 1x1 kernels: the input is the columns
     ((8, 8, 1, 16, 2), "im2col"), ((1, 64, 1, 0, 1), "im2col"), ((8, 1, 1, 8, 1), "im2col"),
@@ -203,10 +231,12 @@ RULE_CASES = [
     ((1, 1, 3, 16, 1), "im2col"), ((1, 1, 5, 0, 2), "im2col"), ((1, 1, 7, 8, 1), "forward"),
     ((8, 1, 3, 8, 2), "grouped"), ((64, 1, 3, 16, 1), "grouped"),
     ((8, 1, 3, 0, 2), "forward"), ((8, 1, 5, 16, 1), "forward"),
-    # 4. one sample: grouped at 3x3 (any block), and larger with a block and C/g >= 8
+    # 4. one sample: im2col for a grouped layer; else grouped at 3x3 (any block), and
+    # larger with a block and C/g >= 8
     ((1, 3, 3, 0, 1), "grouped"), ((1, 16, 5, 16, 1), "grouped"),
     ((1, 8, 7, 8, 2), "grouped"), ((1, 3, 5, 16, 1), "im2col"),
-    ((1, 16, 5, 0, 1), "im2col"),
+    ((1, 16, 5, 0, 1), "im2col"), ((1, 8, 3, 16, 1, 2), "im2col"),
+    ((1, 8, 7, 8, 2, 2), "im2col"),
     # 5. no JIT block
     ((8, 16, 3, 0, 1), "im2col"), ((64, 64, 7, 0, 2), "im2col"),
     # 6. few channels per group: grouped_cl from 5x5 with 16-wide blocks and N >= 32
@@ -221,9 +251,16 @@ RULE_CASES = [
 
 @pytest.mark.parametrize("case, route", RULE_CASES)
 def test_choose_method_follows_its_rule(case, route) -> None:
-    n, cpg, k, block, threads = case
-    assert choose_method(n, cpg, (k, k), torch.float32, block, threads) == route
-    assert choose_method(n, cpg, (k, k), torch.float64, block, threads) == "im2col"
+    n, cpg, k, block, threads, *groups = case
+    g = groups[0] if groups else 1
+    assert choose_method(n, cpg, (k, k), torch.float32, block, threads, g) == route
+    assert choose_method(n, cpg, (k, k), torch.float64, block, threads, g) == "im2col"
+
+
+@pytest.mark.parametrize("groups", [0, -1, 1.0, True, "2"])
+def test_choose_method_refuses_bad_groups(groups: object) -> None:
+    with pytest.raises(ValueError, match="groups"):
+        choose_method(1, 8, (3, 3), torch.float32, 16, 1, groups)
 
 
 @pytest.mark.parametrize("threads", [0, -2, 1.5, True, "1"])
@@ -236,8 +273,8 @@ def test_choose_method_within_its_stated_margin_on_the_committed_sweeps() -> Non
     """The docstring's numbers, recomputed from the records' per_sample_auto sections."""
     from convlab.lab import per_sample_auto, records
 
-    stated = {"avx512_bf16": (115, 1.48), "avx512": (114, 1.56), "avx2": (113, 1.37),
-              "sse41": (115, 1.62)}
+    stated = {"avx512_bf16": (114, 1.32), "avx512": (116, 1.30), "avx2": (113, 1.31),
+              "sse41": (118, 2.49)}
     found = {}
     for r in records.load_records():
         if r.path.name.startswith("amd-epyc-x2-l3-32m-f25m17__"):

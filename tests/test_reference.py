@@ -259,7 +259,7 @@ def test_chunks_cover_the_batch_in_equal_bounded_slices(monkeypatch) -> None:
     monkeypatch.setattr(reference, "CHUNK_BYTES", 100)
     for n in (0, 1, 5, 7, 32):
         for per_sample in (1, 30, 40, 100, 1000):  # bytes of one sample's rows
-            slices = reference._chunks(n, per_sample)
+            slices = reference.sample_chunks(n, per_sample)
             covered = [i for s in slices for i in range(n)[s]]
             assert covered == list(range(n))
             most = max(1, 100 // per_sample)  # samples whose rows fit in CHUNK_BYTES
@@ -624,3 +624,23 @@ def test_what_aten_refuses_is_a_named_value_error(change, word) -> None:
     with pytest.raises(ValueError, match=word):
         reference.convolution(x, kwargs["w"], None, kwargs["stride"], kwargs["padding"], 1,
                               False, 0, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_all_finite_sees_one_non_finite_element(dtype: torch.dtype, bad: float) -> None:
+    t = torch.randn(3, 5, 7, dtype=dtype)
+    assert reference.all_finite(t)
+    for index in [(0, 0, 0), (2, 4, 6), (1, 2, 3)]:
+        u = t.clone()
+        u[index] = bad
+        assert not reference.all_finite(u)
+        assert not reference.all_finite(u.transpose(0, 2))  # a view reads the same values
+
+
+def test_all_finite_is_conservative_on_overflow_and_true_when_empty() -> None:
+    huge = torch.full((4,), torch.finfo(torch.float32).max)
+    assert bool(torch.isfinite(huge).all()) and not reference.all_finite(huge)
+    assert reference.all_finite(torch.empty(0, 3))
+    grad = torch.randn(4, requires_grad=True)
+    assert reference.all_finite(grad) and grad.grad is None

@@ -104,6 +104,6 @@ def grad_input(gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],
         raise ValueError("grad_input serves normal convolutions (a transposed one's "
                          "grad_input is a forward)")
     gather = (all(s == 1 for s in p.stride) and w.shape[0] <= input_shape[1]
-              and bool(torch.isfinite(w).all()))
+              and reference.all_finite(w))
     return (_grad_input_gather if gather else _grad_input_scatter)(gy, w, input_shape, p,
                                                                    limit)

@@ -238,9 +238,9 @@ def _fast_allowed(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, form: Form
     if form == "depthwise":
         return True
     if transposed:  # its grad_input is a forward (ATen's products), grad_weight reads gy
-        return not mask[1] or bool(torch.isfinite(gy).all())
-    return ((not mask[0] or bool(torch.isfinite(w).all()))
-            and (not mask[1] or bool(torch.isfinite(x).all())))
+        return not mask[1] or reference.all_finite(gy)
+    return ((not mask[0] or reference.all_finite(w))
+            and (not mask[1] or reference.all_finite(x)))
 
 
 def _depthwise(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor,

@@ -26,7 +26,7 @@ from convlab.lab.profiling import measure_memory
 from convlab.scratch.per_sample import ROUTES, choose_method, onednn_block, per_sample_weight_grad
 
 __all__ = ["GRID", "LAYERS", "against_peers", "layer", "point", "record", "route_facts",
-           "rule_summary", "sweep", "worst"]
+           "rule_route", "rule_summary", "sweep", "worst"]
 
 # channels per group -> (C_in, C_out, groups): depthwise, a 3-channel stem, grouped, ResNet.
 LAYERS: dict[int, tuple[int, int, int]] = {
@@ -74,7 +74,8 @@ def point(channels_per_group: int, n: int, kernel: int, threads: int,
                            else 0.02, threads=threads, min_calls=1 if quick else 3)
     seconds = {m: t[m].median for m in ROUTES}
     fastest = min(seconds, key=seconds.__getitem__)
-    auto = choose_method(n, size[1], size[2:], torch.float32, threads=threads)
+    auto = choose_method(n, size[1], size[2:], torch.float32, threads=threads,
+                         groups=groups)
     ratios = timing.round_ratios(t[auto], t[fastest])
     peaks = {name: measure_memory(fn)[0] / 2**20 for name, fn in fns.items()
              if name != "conv forward"}
@@ -102,6 +103,14 @@ def worst(points: list[dict[str, object]]) -> dict[str, object]:
     return max(points, key=lambda p: float(p["auto_over_fastest"]))
 
 
+def rule_route(point: dict[str, Any], block: int) -> str:
+    """The route :func:`~convlab.scratch.per_sample.choose_method` picks now at a stored
+    sweep point (its layer's groups from ``LAYERS``, the sweep's ``block``)."""
+    return choose_method(point["n"], point["channels_per_group"], [point["kernel"]] * 2,
+                         torch.float32, block, point["threads"],
+                         LAYERS[point["channels_per_group"]][2])
+
+
 def rule_summary(section: dict[str, Any]) -> dict[str, Any]:
     """The current :func:`~convlab.scratch.per_sample.choose_method` on a stored sweep:
     at each point the route it picks now (with the section's block and the point's
@@ -114,8 +123,7 @@ def rule_summary(section: dict[str, Any]) -> dict[str, Any]:
     rows, untimed = [], 0
     for p in section["points"]:
         seconds = p["seconds"]
-        auto = choose_method(p["n"], p["channels_per_group"], [p["kernel"]] * 2,
-                             torch.float32, section["block"], p["threads"])
+        auto = rule_route(p, section["block"])
         if auto not in seconds:  # a route added after the sweep was taken
             untimed += 1
             continue
@@ -153,8 +161,7 @@ def against_peers(section: dict[str, Any], near: float = 1.1) -> dict[str, Any] 
     for p in section["points"]:
         if "peers" not in p:
             return None
-        auto = choose_method(p["n"], p["channels_per_group"], [p["kernel"]] * 2,
-                             torch.float32, section["block"], p["threads"])
+        auto = rule_route(p, section["block"])
         if auto not in p["seconds"]:
             continue
         weight = {**p["seconds"], **{k: v for k, v in p["peers"].items()

@@ -10,7 +10,9 @@ estimates need. Four routes compute all of them at once:
   convolution** (``groups * N`` groups) on whatever backend ATen selects; this is what
   ``torch.func.vmap``'s batching rule for ``convolution_backward`` does, and the trick that
   Rochette, Manoel and Tramel (2019, https://arxiv.org/abs/1912.06015) describe.
-  ExpandedWeights takes it for ungrouped convs below batch 32. BackPACK's ``BatchGrad``
+  ExpandedWeights takes it for ungrouped convs below batch 32. On a CPU convlab makes
+  that call once per chunk of samples whose gradients fit ``GROUPED_CHUNK_BYTES`` (one
+  call holds its result twice: oneDNN's blocked layout, then ATen's). BackPACK's ``BatchGrad``
   (``backpack/core/derivatives/convnd.py``) instead runs a *forward* convolution with
   ``C_in * N`` groups, one input channel per group, ``grad_output`` repeated
   ``C_in / groups`` times as its weight, and stride and dilation swapped.
@@ -57,13 +59,19 @@ from convlab.scratch.params import (
     check_tensor,
     threads_or_current,
 )
-from convlab.scratch.reference import CHUNK_BYTES
+from convlab.scratch.reference import CHUNK_BYTES, sample_chunks
 
-__all__ = ["METHODS", "ROUTES", "choose_method", "onednn_block", "per_sample_bias_grad",
-           "per_sample_weight_grad"]
+__all__ = ["GROUPED_CHUNK_BYTES", "METHODS", "ROUTES", "choose_method", "onednn_block",
+           "per_sample_bias_grad", "per_sample_weight_grad"]
 
 ROUTES: tuple[str, ...] = ("grouped", "grouped_cl", "im2col", "forward")
 METHODS: tuple[str, ...] = ("auto", *ROUTES)
+# The grouped routes' budget of per-sample gradients per call (CPU). On the 2-core AMD EPYC
+# with 1 MiB of L2 (AVX-512), N = 64 at 16x16 with C/G = 64, one call against 2 MiB
+# chunks: 3x3 20.5 -> 11.2 ms and 27 -> 15 MiB peak, 5x5 40 -> 28 ms and 75 -> 31 MiB,
+# 7x7 108 -> 98 ms and 147 -> 56 MiB (1 MiB chunks: as fast, but x1.3 slower at N = 8,
+# 3x3, where 2 MiB does not split).
+GROUPED_CHUNK_BYTES = 2 * 2**20
 # oneDNN's vector block (channels per register) for the ISA caps that change it.
 _BLOCKS: tuple[tuple[str, int], ...] = (("AVX512", 16), ("AVX10", 16), ("AVX2", 8))
 
@@ -118,22 +126,24 @@ def onednn_block() -> int:
 
 def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
                   dtype: torch.dtype = torch.float32, block: int | None = None,
-                  threads: int | None = None) -> str:
+                  threads: int | None = None, groups: int = 1) -> str:
     """The route ``method="auto"`` takes: ``"grouped"``, ``"grouped_cl"``, ``"im2col"`` or
     ``"forward"``.
 
     ``n`` samples, ``channels_per_group`` ``c`` = ``C_in / groups``, ``kernel`` the
     kernel's sizes (``taps`` = their product), ``block`` ``b`` (default:
-    :func:`onednn_block`; 0 where oneDNN has no JIT kernel) and ``threads`` (default
-    torch's current count; no rule reads it, see below). The rule, first match wins:
+    :func:`onednn_block`; 0 where oneDNN has no JIT kernel), ``threads`` (default
+    torch's current count; no rule reads it, see below) and the layer's ``groups``.
+    The rule, first match wins:
 
     1. A dtype oneDNN does not take (float64): ``im2col``.
     2. ``taps == 1``: ``im2col`` (the columns are the input itself, no copy).
     3. Depthwise (``c == 1``): ``im2col`` for one sample up to 5x5; ``grouped`` up to
        3x3 with a JIT block; else ``forward`` (oneDNN's depthwise forward with
        ``grad_output``'s planes as kernels).
-    4. One sample: ``grouped`` for 3x3, and for larger kernels with a JIT block and
-       ``c >= 8``; else ``im2col``.
+    4. One sample: ``im2col`` for a grouped layer (``groups > 1``); else ``grouped``
+       for 3x3, and for larger kernels with a JIT block and ``c >= 8``; else
+       ``im2col``.
     5. No JIT block (``b == 0``): ``im2col``.
     6. Few channels (``c < b / 2``, e.g. a 3-channel stem): ``grouped_cl`` from 5x5 on
        with 16-wide blocks and ``n >= 32``, else ``im2col``.
@@ -144,14 +154,19 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     float32) of a 2-core AMD EPYC with 32 MiB of L3 (cpuid family 25, model 17) at its
     AVX-512-BF16, AVX-512, AVX2 and SSE4.1 settings. On those 120 points per setting
     (the fit's own data, so an optimistic estimate) the route it picks is within 10 % of
-    the fastest at 115, 114, 113 and 115 of them, worst x1.48, x1.56, x1.37 and x1.62.
-    The largest misses are single samples at 3x3 (with 8 channels per group im2col was up
-    to x1.6 faster under every setting). A thread term did not pay: where one and two
-    threads disagreed on the fastest route, the rule's route was within x1.6 of it. The
+    the fastest at 114, 116, 113 and 118 of them, worst x1.32, x1.30, x1.31 and x2.49.
+    The x2.49 is one point (SSE4.1, 8 channels per group, N = 64, 7x7, 2 threads) where
+    the same layer at one thread had im2col x1.4 faster than every other route. Rule 4's
+    groups term rests on the sweep's one grouped layer (16 channels in 2 groups): for one
+    sample there im2col was x1.2-x1.8 faster than grouped at 3x3 under every setting. A
+    thread term did not pay: where one and two threads disagreed on the fastest route,
+    the rule's route was within x1.32 of it (but for that SSE4.1 point). The
     sweep has N = 8 and 64 only, so rule 6's 32 is a midpoint, not a measured crossover.
     """
     block = onednn_block() if block is None else block
     threads_or_current(threads)  # validated; no rule reads it (docstring)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+        raise ValueError(f"groups must be a positive int, got {groups!r}")
     c, taps = channels_per_group, math.prod(kernel)
     if dtype not in (torch.float32, torch.bfloat16) or taps == 1:
         return "im2col"
@@ -160,6 +175,8 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
             return "im2col"
         return "grouped" if taps <= 9 and block else "forward"
     if n == 1:
+        if groups > 1:
+            return "im2col"
         return "grouped" if taps == 9 or (block and c >= 8) else "im2col"
     if block == 0:
         return "im2col"
@@ -212,7 +229,8 @@ def per_sample_weight_grad(
     if n == 0 or math.prod(weight_size) == 0:
         return input.new_zeros((n, *weight_size))
     if method == "auto":
-        method = (choose_method(n, weight_size[1], weight_size[2:], input.dtype)
+        method = (choose_method(n, weight_size[1], weight_size[2:], input.dtype,
+                                groups=p.groups)
                   if input.device.type == "cpu" else "grouped")
     if method == "im2col":
         return _im2col(input, weight_size, grad_output, p, expected[2:])
@@ -250,6 +268,24 @@ def _frozen(value: object) -> object:
 
 def _grouped(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torch.Tensor,
              p: ConvParams, channels_last: bool = False) -> torch.Tensor:
+    """:func:`_grouped_call` over chunks of samples whose gradients take at most
+    ``GROUPED_CHUNK_BYTES`` (CPU; one call elsewhere), each written into its rows of
+    the result. One call holds its result twice (oneDNN computes it in its blocked
+    layout, then reorders it), so chunks bound that copy to one chunk's size."""
+    n = input.shape[0]
+    chunks = sample_chunks(n, math.prod(weight_size) * input.element_size(),
+                           GROUPED_CHUNK_BYTES)
+    if len(chunks) == 1 or input.device.type != "cpu":
+        return _grouped_call(input, weight_size, grad_output, p, channels_last)
+    out = input.new_empty((n, *weight_size))
+    for s in chunks:
+        out[s].copy_(_grouped_call(input[s], weight_size, grad_output[s], p, channels_last))
+    return out
+
+
+def _grouped_call(input: torch.Tensor, weight_size: tuple[int, ...],
+                  grad_output: torch.Tensor, p: ConvParams,
+                  channels_last: bool = False) -> torch.Tensor:
     """Samples as groups: input ``[1, N*C_in, *S]``, grad_output ``[1, N*C_out, *O]``,
     ``N * groups`` groups; the grouped weight gradient ``[N*C_out, C_in/groups, *k]`` holds
     every sample's gradient, one block of C_out rows per sample. ``channels_last`` (4-d

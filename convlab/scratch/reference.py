@@ -210,7 +210,7 @@ def all_finite(t: torch.Tensor) -> bool:
     turns them back into a number), so a finite sum proves every element finite. A sum of
     finite values that overflows reads as not finite: the caller then takes its path that
     is exact for any value. One pass, where ``isfinite(t).all()`` makes three (20x slower
-    on a ResNet weight). ``t`` must have real values (:func:`_values_readable`).
+    on a ResNet weight). ``t`` must be a plain eager tensor with real values.
     """
     return math.isfinite(t.detach().sum().item())
 

@@ -254,13 +254,14 @@ def test_float32_depthwise_loop_matches_aten() -> None:
 
 
 # The im2col form's grad_input (convlab.aten.fast_grad_input), called directly: chunks of
-# one sample and of the whole batch, gather and scatter, views and channels-last inputs.
+# one sample and of the whole batch, views and channels-last inputs.
 SAMPLE_CASES = [  # x shape, w shape, stride, padding, dilation, groups
-    ((3, 8, 9, 7), (12, 4, 3, 2), (1, 1), (1, 0), (2, 1), 2),  # scatter (K > C), groups
-    ((3, 8, 9, 7), (4, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1),   # gather (K <= C)
-    ((3, 4, 9, 8), (6, 4, 3, 3), (2, 2), (1, 0), (1, 1), 1),   # scatter (stride 2)
-    ((2, 3, 10), (5, 3, 4), (1,), (2,), (1,), 1),              # scatter (K > C), 1-d
+    ((3, 8, 9, 7), (12, 4, 3, 2), (1, 1), (1, 0), (2, 1), 2),  # K > C, groups
+    ((3, 8, 9, 7), (4, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1),   # K <= C
+    ((3, 4, 9, 8), (6, 4, 3, 3), (2, 2), (1, 0), (1, 1), 1),   # stride 2
+    ((2, 3, 10), (5, 3, 4), (1,), (2,), (1,), 1),              # 1-d
     ((2, 4, 5, 4, 4), (4, 2, 2, 3, 2), (1, 2, 1), (1, 1, 0), (1, 1, 2), 2),  # 3-d
+    ((2, 3, 4, 5), (4, 3, 5, 3), (3, 2), (3, 0), (1, 2), 1),   # kernel wider than input
 ]
 
 
@@ -306,14 +307,106 @@ def test_fast_grad_input_refuses_a_transposed_convolution() -> None:
         fast_grad_input.grad_input(gy, w, x.shape, p, 2**20)
 
 
-def test_the_im2col_form_scatters_for_a_non_finite_weight() -> None:
+def test_the_im2col_form_is_exact_for_a_non_finite_weight() -> None:
     gy, x, w, args = tensors((2, 8, 7, 7), (4, 8, 3, 3), (1, 1), (1, 1), (1, 1), 1)
-    w[1, 2, 0, 0] = math.inf  # the gather would multiply it by padding zeros: NaN
+    w[1, 2, 0, 0] = math.inf  # a gather would multiply it by padding zeros: NaN
     got = fast.convolution_backward(gy, x, w, [4], *args, [True, False, False],
                                     form="im2col")[0]
     want = aten.convolution_backward(gy, x, w, [4], *args, [True, False, False])[0]
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12, equal_nan=True)
     assert torch.isfinite(got).any() and not torch.isnan(got).all()
+
+
+# convlab's C++ col2im (torch.ops.convlab_ext.col2im_add_), against the readable
+# slice-add col2im of convlab.scratch.im2col and, in 2-d, ATen's own (F.fold).
+COL2IM_CASES = [  # (N, C, *size), kernel, stride, padding, dilation
+    ((2, 3, 11), (3,), (1,), (1,), (1,)),
+    ((2, 3, 11), (4,), (3,), (0,), (2,)),
+    ((2, 2, 7, 6), (3, 2), (1, 1), (1, 0), (1, 1)),
+    ((1, 2, 9, 8), (3, 3), (2, 3), (2, 1), (2, 1)),
+    ((2, 1, 3, 4), (5, 5), (1, 1), (2, 2), (1, 1)),  # every tap reads some padding
+    ((1, 2, 5, 4, 6), (2, 3, 2), (2, 1, 3), (1, 1, 0), (1, 2, 1)),
+]
+
+
+def _col2im_geometry(case):
+    shape, kernel, stride, padding, dilation = case
+    out_size = [(s + 2 * p - d * (k - 1) - 1) // st + 1 for s, k, st, p, d
+                in zip(shape[2:], kernel, stride, padding, dilation, strict=True)]
+    return shape, list(kernel), out_size, list(stride), list(padding), list(dilation)
+
+
+@pytest.mark.parametrize("case", COL2IM_CASES, ids=lambda c: f"{len(c[1])}d-{c[1]}-{c[2]}")
+def test_col2im_loop_matches_the_readable_col2im(case) -> None:
+    from convlab.aten import extension
+    from convlab.scratch import im2col
+
+    shape, kernel, out_size, stride, padding, dilation = _col2im_geometry(case)
+    n, c = shape[:2]
+    taps, positions = math.prod(kernel), math.prod(out_size)
+    cols = torch.randn(n * c, taps * positions, dtype=F64)
+    start = torch.randn(n * c, *shape[2:], dtype=F64)
+    out = start.clone()
+    got = extension.load().ops.col2im_add_(out, cols, kernel, out_size, stride, padding,
+                                           dilation)
+    assert got.data_ptr() == out.data_ptr()  # in place, and returned
+    batch_folded = cols.view(n, c, taps, positions).permute(1, 2, 0, 3).reshape(
+        1, c * taps, n * positions)
+    want = im2col.col2im(batch_folded, shape, kernel, out_size, stride, padding, dilation)
+    torch.testing.assert_close(out.view(shape), start.view(shape) + want,
+                               rtol=1e-12, atol=1e-12)
+    if len(kernel) == 2:
+        folded = torch.nn.functional.fold(
+            cols.view(n, c * taps, positions), shape[2:], kernel, dilation=dilation,
+            padding=padding, stride=stride)
+        torch.testing.assert_close(out.view(shape), start.view(shape) + folded,
+                                   rtol=1e-12, atol=1e-12)
+
+
+def test_col2im_loop_drops_entries_that_read_padding() -> None:
+    """An infinite column entry copied from padding is never added (as in ATen's col2im)."""
+    from convlab.aten import extension
+
+    out = torch.zeros(1, 5, dtype=F64)
+    cols = torch.ones(1, 3 * 5, dtype=F64)
+    cols[0, 0] = math.inf  # tap 0, output 0 reads x[-1]: padding
+    extension.load().ops.col2im_add_(out, cols, [3], [5], [1], [1], [1])
+    assert out.tolist() == [[2.0, 3.0, 3.0, 3.0, 2.0]]
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"output_size": [4]}, "output_size does not follow"),
+    ({"cols": torch.ones(2, 14, dtype=F64)}, r"cols must be \[2, 15\]"),
+    ({"cols": torch.ones(2, 15)}, "both be float32 or float64"),
+    ({"cols": torch.ones(15, 2, dtype=F64).t()}, "must be contiguous"),
+    ({"stride": [0]}, "must be positive"),
+    ({"kernel_size": [3, 1]}, "need 1 values each"),
+    ({"out": torch.zeros(2, dtype=F64)}, "1 to 3 spatial dims"),
+])
+def test_col2im_loop_refuses_bad_arguments(change: dict, message: str) -> None:
+    from convlab.aten import extension
+
+    args = {"out": torch.zeros(2, 5, dtype=F64), "cols": torch.ones(2, 15, dtype=F64),
+            "kernel_size": [3], "output_size": [5], "stride": [1], "padding": [1],
+            "dilation": [1]}
+    args.update(change)
+    before = args["out"].clone()
+    with pytest.raises(RuntimeError, match=message):
+        extension.load().ops.col2im_add_(*args.values())
+    assert torch.equal(args["out"], before)  # nothing written
+
+
+def test_col2im_loop_refuses_overlapping_out_and_cols() -> None:
+    from convlab.aten import extension
+
+    cols = torch.ones(2, 15, dtype=F64)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        extension.load().ops.col2im_add_(cols.view(-1)[:10].view(2, 5), cols, [3], [5],
+                                         [1], [1], [1])
+    shared = torch.zeros(40, dtype=F64)
+    with pytest.raises(RuntimeError, match="single memory location"):
+        extension.load().ops.col2im_add_(shared[:10].view(2, 5),
+                                         shared[5:35].view(2, 15), [3], [5], [1], [1], [1])
 
 
 @pytest.mark.parametrize(("where", "value"), [

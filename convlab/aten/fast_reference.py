@@ -19,19 +19,21 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
   roles of the normal one it transposes: its grad_input is that convolution's forward
   (``Y[:] += X[o_t:] @ W_t^T`` per tap), its grad_weight that convolution's grad_weight.
 * ``"im2col"``: grad_input from :mod:`convlab.aten.fast_grad_input` (per-sample columns,
-  ATen's slow-path layout, GEMMs batched over the samples and written straight into the
-  result, one column buffer per call), grad_weight from the simple reference's
-  batch-folded GEMM; both in chunks of ``L2_PER_CHUNK`` times
-  :func:`convlab.aten.cpu_cache.l2_cache_bytes` of columns (scaled to the machine, not
-  a constant). For float32/float64 plain tensors of a normal convolution; the rest
-  (transposed, whose simple form makes both gradients from one pass over the columns,
-  reduced precision, autograd, traced) take the simple form,
+  ATen's slow-path layout, GEMMs batched over the samples into one column buffer per
+  call, and col2im in one pass of a small C++ loop, ``torch.ops.convlab_ext.col2im_add_``,
+  straight into the result), grad_weight from the simple reference's batch-folded GEMM;
+  both in chunks of ``L2_PER_CHUNK`` times :func:`convlab.aten.cpu_cache.l2_cache_bytes`
+  of columns (scaled to the machine, not a constant). For float32/float64 plain tensors
+  of a normal convolution; the rest (transposed, whose simple form makes both gradients
+  from one pass over the columns, reduced precision, autograd, traced) take the simple
+  form,
   :func:`convlab.scratch.reference.convolution_backward`, with the same chunks.
 * ``"depthwise"``: one fused pass of a small C++ loop in convlab's extension
   (``torch.ops.convlab_ext.depthwise2d_backward``: per channel and sample, every tap
   scatter-adds into grad_input and sums into grad_weight while the planes sit in L1),
   compiled for AVX-512, AVX2 and the baseline and picked by ATen's CPU capability
-  (``torch.ops.convlab_ext.depthwise2d_variant()``), so ``ATEN_CPU_CAPABILITY`` caps it.
+  (``torch.ops.convlab_ext.depthwise2d_variant()``, which names the col2im loop's
+  variant too), so ``ATEN_CPU_CAPABILITY`` caps it.
 
 The shift form multiplies zeros that are not padding (the grid's margin) by the weight and
 the input, so it needs both finite (as ATen's scatter col2im adds only real products); like
@@ -72,7 +74,9 @@ SHIFT_MIN_CHANNELS = 16
 SHIFT_MAX_OVERHEAD = 1.2
 # The im2col form's column budget, in L2 caches. On the 1 MiB-L2 AMD EPYC (2 threads, per
 # fast / ATen slow, conv1d, mid3x3, cifar5, resnet14), 1 L2: 1.62, 1.34, 1.83, 1.18;
-# 4: 1.06, 0.91, 0.96, 1.07; 8: 0.89, 0.84, 0.67, 1.00; 16 and 32 no better than 8.
+# 4: 1.06, 0.91, 0.96, 1.07; 8: 0.89, 0.84, 0.67, 1.00; 16 and 32 no better than 8. With
+# grad_input's col2im in C++ (grad_input alone over ATen's, cifar5, conv1d, resnet14),
+# 2 L2: 1.20, 1.03, 0.94; 4: 1.10, 1.07, 0.97; 8: 1.09, 1.15, 0.99; 16: 1.18, 1.20, 1.25.
 L2_PER_CHUNK = 8
 _FAST_DTYPES = (torch.float32, torch.float64)
 
@@ -107,7 +111,8 @@ def choose_form(
 
     Those ratios are against the earlier im2col form (the simple reference, 4 L2 per
     chunk). Against the per-sample-columns form, at one thread on the AMD EPYC (1 MiB
-    L2): the 3x3 64-channel layer 1.00, 1-d 0.95, resnet14 1.15: the crossover holds.
+    L2): the 3x3 64-channel layer 1.00, 1-d 0.95, resnet14 1.15; with its col2im in C++,
+    0.99, 0.91 and 1.09: the crossover holds.
     """
     threads = threads_or_current(threads)
     dim = len(input_shape) - 2

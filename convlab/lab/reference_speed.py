@@ -40,9 +40,10 @@ BASELINES = ("aten slow", "onednn")
 MOVES = ("aten::copy_", "aten::fill_", "aten::zero_", "aten::cat", "aten::constant_pad_nd")
 ALL_MASK = [True, True, True]
 # What the fast im2col form was when a section was taken (sections without the key timed
-# the earlier one: the simple reference with 4 L2 of columns per chunk).
-IM2COL_FORM = (f"grad_input from per-sample columns, {fast_reference.L2_PER_CHUNK} L2 of "
-               "columns per chunk")
+# the first one: the simple reference with 4 L2 of columns per chunk; a section with
+# another value, a form since replaced).
+IM2COL_FORM = (f"grad_input from per-sample columns and a C++ col2im, "
+               f"{fast_reference.L2_PER_CHUNK} L2 of columns per chunk")
 
 
 def layers(quick: bool = False) -> list[Layer]:

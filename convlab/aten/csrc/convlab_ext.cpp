@@ -11,9 +11,10 @@
 // or CUDA (cuDNN, ...) implementation from the tensors' device. No CUDA code is
 // compiled here.
 //
-// depthwise2d_backward is convlab's own CPU loop (no ATen conv kernel): the
-// fused one-pass backward of a 2-d depthwise convolution that
-// convlab.aten.fast_reference uses.
+// depthwise2d_backward and col2im_add_ are convlab's own CPU loops (no ATen
+// conv kernel): the fused one-pass backward of a 2-d depthwise convolution,
+// and col2im (every column entry added back onto the pixel it was copied
+// from) in one pass, that convlab.aten.fast_reference uses.
 
 #include <ATen/Dispatch.h>
 #include <ATen/MemoryOverlap.h>
@@ -349,6 +350,152 @@ bool all_finite(const T* v, int64_t n) {
   return probe == T(0);
 }
 
+// col2im of one plane (one sample's channel), 3 spatial dims (fewer are
+// padded with leading size-1 dims): col holds the plane's column rows, one
+// per kernel tap (row-major over the taps), each over the output positions
+// (row-major), as unfold lays them out; every entry is added onto the pixel of
+// out it was copied from, and entries that read padding are dropped (never
+// added, as in ATen's col2im). One pass over the columns, innermost along the
+// last output dimension, so the loop is a strided add the compiler vectorises.
+template <typename T>
+inline __attribute__((always_inline)) void col2im_plane(
+    const T* __restrict__ col, T* __restrict__ out, const int64_t* k,
+    const int64_t* o, const int64_t* s, const int64_t* p, const int64_t* d,
+    const int64_t* size) {
+  const int64_t positions = o[0] * o[1] * o[2];
+  for (int64_t a = 0; a < k[0]; ++a) {
+    for (int64_t b = 0; b < k[1]; ++b) {
+      for (int64_t c = 0; c < k[2]; ++c) {
+        const T* tap = col + ((a * k[1] + b) * k[2] + c) * positions;
+        const int64_t off = c * d[2] - p[2];
+        // o2 with 0 <= o2 * s[2] + off < size[2]
+        int64_t lo = off >= 0 ? 0 : (-off + s[2] - 1) / s[2];
+        int64_t hi = size[2] - 1 - off < 0 ? 0 : (size[2] - 1 - off) / s[2] + 1;
+        lo = std::min(lo, o[2]);
+        hi = std::max(lo, std::min(hi, o[2]));
+        for (int64_t u = 0; u < o[0]; ++u) {
+          const int64_t i0 = u * s[0] - p[0] + a * d[0];
+          if (i0 < 0 || i0 >= size[0]) continue;
+          for (int64_t v = 0; v < o[1]; ++v) {
+            const int64_t i1 = v * s[1] - p[1] + b * d[1];
+            if (i1 < 0 || i1 >= size[1]) continue;
+            const T* src = tap + (u * o[1] + v) * o[2];
+            T* dst = out + (i0 * size[1] + i1) * size[2] + off;
+            if (s[2] == 1) {
+              for (int64_t w = lo; w < hi; ++w) dst[w] += src[w];
+            } else {
+              for (int64_t w = lo; w < hi; ++w) dst[w * s[2]] += src[w];
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+#define CONVLAB_COL2IM_ARGS                                                   \
+  const T *col, T *out, const int64_t *k, const int64_t *o, const int64_t *s, \
+      const int64_t *p, const int64_t *d, const int64_t *size
+#define CONVLAB_COL2IM_CALL col2im_plane<T>(col, out, k, o, s, p, d, size)
+template <typename T>
+void col2im_default(CONVLAB_COL2IM_ARGS) {
+  CONVLAB_COL2IM_CALL;
+}
+#if CONVLAB_X86
+template <typename T>
+CONVLAB_AVX2 void col2im_avx2(CONVLAB_COL2IM_ARGS) {
+  CONVLAB_COL2IM_CALL;
+}
+template <typename T>
+CONVLAB_AVX512 void col2im_avx512(CONVLAB_COL2IM_ARGS) {
+  CONVLAB_COL2IM_CALL;
+}
+#endif
+
+template <typename T>
+using Col2imFn = void (*)(const T*, T*, const int64_t*, const int64_t*,
+                          const int64_t*, const int64_t*, const int64_t*,
+                          const int64_t*);
+
+// The same choice as the depthwise loops: depthwise2d_variant() names it.
+template <typename T>
+Col2imFn<T> pick_col2im() {
+#if CONVLAB_X86
+  const std::string variant = depthwise2d_variant();
+  if (variant == "avx512") return &col2im_avx512<T>;
+  if (variant == "avx2") return &col2im_avx2<T>;
+#endif
+  return &col2im_default<T>;
+}
+
+// out [P, *size] += col2im(cols [P, prod(kernel) * prod(output_size)]), 1-3
+// spatial dims: P independent planes (samples times channels), split over
+// threads, so every pixel is summed by one thread in a fixed order.
+at::Tensor& col2im_add_(at::Tensor& out, const at::Tensor& cols,
+                        at::IntArrayRef kernel_size,
+                        at::IntArrayRef output_size, at::IntArrayRef stride,
+                        at::IntArrayRef padding, at::IntArrayRef dilation) {
+  const int64_t dim = out.dim() - 1;
+  TORCH_CHECK(dim >= 1 && dim <= 3,
+              "col2im_add_: out must be [planes, *size] with 1 to 3 spatial "
+              "dims, got ", out.dim(), "-d");
+  TORCH_CHECK(kernel_size.size() == static_cast<size_t>(dim) &&
+                  output_size.size() == static_cast<size_t>(dim) &&
+                  stride.size() == static_cast<size_t>(dim) &&
+                  padding.size() == static_cast<size_t>(dim) &&
+                  dilation.size() == static_cast<size_t>(dim),
+              "col2im_add_: kernel_size, output_size, stride, padding and "
+              "dilation need ", dim, " values each (one per spatial dim)");
+  TORCH_CHECK(out.device().is_cpu() && cols.device().is_cpu(),
+              "col2im_add_: CPU only");
+  TORCH_CHECK(out.scalar_type() == cols.scalar_type() &&
+                  (out.scalar_type() == at::kFloat ||
+                   out.scalar_type() == at::kDouble),
+              "col2im_add_: out and cols must both be float32 or float64");
+  TORCH_CHECK(out.is_contiguous() && cols.is_contiguous(),
+              "col2im_add_: out and cols must be contiguous");
+  std::array<int64_t, 3> k{1, 1, 1}, o{1, 1, 1}, s{1, 1, 1}, p{0, 0, 0},
+      d{1, 1, 1}, size{1, 1, 1};
+  for (int64_t i = 0; i < dim; ++i) {
+    const int64_t j = 3 - dim + i;
+    k[j] = kernel_size[i];
+    o[j] = output_size[i];
+    s[j] = stride[i];
+    p[j] = padding[i];
+    d[j] = dilation[i];
+    size[j] = out.size(1 + i);
+    TORCH_CHECK(k[j] > 0 && s[j] > 0 && d[j] > 0 && p[j] >= 0 && o[j] >= 0,
+                "col2im_add_: kernel_size, stride and dilation must be "
+                "positive, padding and output_size not negative");
+    const int64_t span = size[j] + 2 * p[j] - d[j] * (k[j] - 1) - 1;
+    TORCH_CHECK(o[j] == (span < 0 ? 0 : span / s[j] + 1),
+                "col2im_add_: output_size does not follow from out's size, "
+                "kernel_size, stride, padding and dilation");
+  }
+  const int64_t planes = out.size(0);
+  const int64_t per_plane = k[0] * k[1] * k[2] * o[0] * o[1] * o[2];
+  TORCH_CHECK(cols.dim() == 2 && cols.size(0) == planes &&
+                  cols.size(1) == per_plane,
+              "col2im_add_: cols must be [", planes, ", ", per_plane,
+              "] (planes, kernel taps times output positions), got ",
+              cols.sizes());
+  at::assert_no_internal_overlap(out);
+  at::assert_no_overlap(out, cols);
+  const int64_t plane_size = size[0] * size[1] * size[2];
+  AT_DISPATCH_FLOATING_TYPES(out.scalar_type(), "col2im_add_", [&] {
+    const scalar_t* cp = cols.const_data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const Col2imFn<scalar_t> loop = pick_col2im<scalar_t>();
+    at::parallel_for(0, planes, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        loop(cp + i * per_plane, op + i * plane_size, k.data(), o.data(),
+             s.data(), p.data(), d.data(), size.data());
+      }
+    });
+  });
+  return out;
+}
+
 // The backward of a 2-d depthwise convolution (weight [C, 1, kh, kw], groups =
 // C) in one pass: (grad_input, grad_weight). Threads split the channels, so
 // each grad_weight entry is summed by one thread in a fixed order.
@@ -463,4 +610,9 @@ TORCH_LIBRARY(convlab_ext, m) {
       "int[2] stride, int[2] padding, int[2] dilation) -> (Tensor, Tensor)",
       &depthwise2d_backward);
   m.def("depthwise2d_variant() -> str", &depthwise2d_variant);
+  m.def(
+      "col2im_add_(Tensor(a!) out, Tensor cols, int[] kernel_size, "
+      "int[] output_size, int[] stride, int[] padding, int[] dilation) -> "
+      "Tensor(a!)",
+      &col2im_add_);
 }

@@ -380,11 +380,11 @@ inline __attribute__((always_inline)) void col2im_plane(
             const int64_t i1 = v * s[1] - p[1] + b * d[1];
             if (i1 < 0 || i1 >= size[1]) continue;
             const T* src = tap + (u * o[1] + v) * o[2];
-            T* dst = out + (i0 * size[1] + i1) * size[2] + off;
+            T* row = out + (i0 * size[1] + i1) * size[2];
             if (s[2] == 1) {
-              for (int64_t w = lo; w < hi; ++w) dst[w] += src[w];
+              for (int64_t w = lo; w < hi; ++w) row[w + off] += src[w];
             } else {
-              for (int64_t w = lo; w < hi; ++w) dst[w * s[2]] += src[w];
+              for (int64_t w = lo; w < hi; ++w) row[w * s[2] + off] += src[w];
             }
           }
         }

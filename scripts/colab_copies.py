@@ -174,7 +174,7 @@ class Converter:
         if name == "literalinclude":
             path = (ROOT / posixpath.dirname(self.docname) / arg.strip()).resolve()
             rel = path.relative_to(ROOT).as_posix()
-            code = self.read(path).rstrip("\n").split("\n")
+            code = self.excerpt(self.read(path).rstrip("\n").split("\n"), options, rel)
             language = options.get("language", "")
             return [f"From [`{rel}`]({REPO}/blob/{BRANCH}/{rel}):", "",
                     f"```{language}", *code, "```"]
@@ -189,6 +189,21 @@ class Converter:
             return []
         self.unresolved.append(f"directive {name}")
         return ([f"**{self.inline(arg.strip())}**", ""] if arg.strip() else []) + inner
+
+    def excerpt(self, code: list[str], options: dict[str, str], rel: str) -> list[str]:
+        """The lines a ``literalinclude`` shows: after the first line holding its
+        ``start-after`` text, before the next one holding its ``end-before`` text (as
+        Sphinx cuts them); a text not found is reported as unresolved."""
+        for key in ("start-after", "end-before"):
+            if key not in options:
+                continue
+            text = options[key]
+            found = next((i for i, line in enumerate(code) if text in line), None)
+            if found is None:
+                self.unresolved.append(f"literalinclude {rel} {key}: {text}")
+                continue
+            code = code[found + 1:] if key == "start-after" else code[:found]
+        return code
 
     def convert(self, lines: list[str]) -> list[str]:
         out: list[str] = []

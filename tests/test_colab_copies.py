@@ -173,6 +173,19 @@ def test_converter_reports_what_it_cannot_resolve() -> None:
     assert converter.unresolved == ["term:nothing", "py:func:convlab.nope"]
 
 
+def test_literalinclude_keeps_only_the_lines_it_names() -> None:
+    source = "one\nstart here\ntwo\nthree\nstop here\nfour\n"
+    converter = colab_copies.Converter(INVENTORY, "book/05_calling_native",
+                                       lambda p: source)
+    text = converter.markdown(
+        "```{literalinclude} ../x.cpp\n:language: cpp\n:start-after: start here\n"
+        ":end-before: stop here\n```\n")
+    assert "```cpp\ntwo\nthree\n```" in text and "one" not in text and "four" not in text
+    assert not converter.unresolved
+    converter.markdown("```{literalinclude} ../x.cpp\n:end-before: missing\n```\n")
+    assert converter.unresolved == ["literalinclude x.cpp end-before: missing"]
+
+
 def test_inlined_files_are_fingerprinted() -> None:
     """Chapter 5 inlines the extension's source: its copy must go stale when that does."""
     (ch5,) = [p for p in CHAPTERS if p.name.startswith("05_")]

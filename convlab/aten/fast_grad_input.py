@@ -16,10 +16,11 @@ slow path does (one ``[C*k, L]`` matrix per sample):
 
 One column buffer per call serves every chunk of samples; a chunk holds as many samples
 as fit ``limit`` bytes of columns. The C++ loop replaced ``k^2`` slice-adds per chunk
-(and, with unit stride, a gather form: a forward of the padded ``gy`` through an
-``im2col`` copy of it); on the AMD EPYC (2 threads, float32, grad_input alone over ATen's
-slow path) it took the 5x5 stem from x1.8 to x1.1 and the 3-d layer's time from 18.5 to
-9.0 ms, and beat the gather on every stride-1 layer timed. grad_weight keeps the
+(and, with unit stride and no more output than input channels, a gather form: a forward
+of the padded ``gy`` through an ``im2col`` copy of it). On the AMD EPYC (2 threads,
+float32, grad_input alone over ATen's slow path, 8 L2 of columns per chunk) it took the
+5x5 stem from x1.6-1.9 to x1.1-1.2 and the 3-d layer from 8.1 to 6.7 ms, and tied the
+gather where that had run (1-d, resnet14, dilated: x0.97-1.02). grad_weight keeps the
 batch-folded GEMM (one long inner dimension ``N*L``): per-sample products summed over the
 batch were slower on every layer timed (:mod:`convlab.aten.fast_reference`).
 """

@@ -159,18 +159,18 @@ inline __attribute__((always_inline)) void depthwise_plane(
           for (int64_t ow = 0; ow < Wo; ++ow) a[ow] += grow[ow] * T(0);
           continue;
         }
-        const T* xrow = x + ih * W + off;
-        T* girow = gi + ih * W + off;
+        const T* xrow = x + ih * W;
+        T* girow = gi + ih * W;
         for (int64_t ow = 0; ow < lo; ++ow) a[ow] += grow[ow] * T(0);
         if (sw == 1) {
           for (int64_t ow = lo; ow < hi; ++ow) {
-            girow[ow] += wt * grow[ow];
-            a[ow] += grow[ow] * xrow[ow];
+            girow[ow + off] += wt * grow[ow];
+            a[ow] += grow[ow] * xrow[ow + off];
           }
         } else {
           for (int64_t ow = lo; ow < hi; ++ow) {
-            girow[ow * sw] += wt * grow[ow];
-            a[ow] += grow[ow] * xrow[ow * sw];
+            girow[ow * sw + off] += wt * grow[ow];
+            a[ow] += grow[ow] * xrow[ow * sw + off];
           }
         }
         for (int64_t ow = hi; ow < Wo; ++ow) a[ow] += grow[ow] * T(0);

@@ -56,7 +56,6 @@ from convlab.scratch import reference
 from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
-    check_output_mask,
     threads_or_current,
 )
 
@@ -175,8 +174,8 @@ def convolution_backward(
     (torch.Size([2, 16, 8, 8]), torch.Size([16, 16, 3, 3]))
     """
     args = (stride, padding, dilation, transposed, output_padding, groups)
-    p = ConvParams.for_tensors(input, weight, None, *args)
-    mask = check_output_mask(output_mask)
+    p, mask = reference.check_backward_args(grad_output, input, weight, bias_sizes, *args,
+                                            output_mask)
     if form is None:
         form = choose_form(input.shape, weight.shape, p, input.dtype)
         if form != "im2col" and not _fast_allowed(grad_output, input, weight, form, mask,
@@ -190,18 +189,14 @@ def convolution_backward(
                              or (p.groups > 1 and weight.shape[1] == 1)):
         return reference.convolution_backward(
             grad_output, input, weight, bias_sizes, *args, list(mask), chunk_bytes=limit)
-    # The reference's argument checks, without its work: an all-False mask computes nothing.
-    reference.convolution_backward(grad_output, input, weight, bias_sizes, *args,
-                                   [False, False, False])
     with torch.no_grad():
         if form == "depthwise":
             gi, gw = _depthwise(grad_output, input, weight, p)
         elif form == "im2col":
             gi = fast_grad_input.grad_input(grad_output, weight, input.shape, p,
                                            limit) if mask[0] else None
-            gw = reference.convolution_backward(
-                grad_output, input, weight, None, *args, [False, True, False],
-                chunk_bytes=limit)[1] if mask[1] else None
+            gw = reference.column_grad_weight(grad_output, input, weight.shape, p,
+                                              limit) if mask[1] else None
         elif p.transposed:  # normal roles: x is grad_output, the output gradient is input
             gi, _, gw = _shift(input, grad_output, weight, p, (False, mask[1]), mask[0])
         else:

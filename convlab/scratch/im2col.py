@@ -163,11 +163,19 @@ def im2col(
     kernel, out_size, stride, padding, dilation, _ = _check_args(
         kernel, out_size, stride, padding, dilation, x.shape)
     groups = as_int(groups, "groups")
-    dim = len(kernel)
-    n, c = x.shape[:2]
+    c = x.shape[1]
     if groups < 1 or c % groups:
         raise ValueError(f"groups={groups} must be a positive divisor of the input's "
                          f"{c} channels")
+    return columns(x, kernel, out_size, stride, padding, dilation, groups)
+
+
+def columns(x: torch.Tensor, kernel: Ints, out_size: Ints, stride: Ints, padding: Ints,
+            dilation: Ints, groups: int) -> torch.Tensor:
+    """:func:`im2col` without its checks, for callers that checked the geometry once
+    (:mod:`convlab.scratch.reference` calls it per chunk of samples): same arguments (int
+    sequences and an int) and result."""
+    dim, (n, c) = len(kernel), x.shape[:2]
     win = _padded_windows(x, kernel, out_size, stride, padding, dilation)
     # [N, C, *O, *k] -> [C, *k, N, *O]; the reshape is the one copy.
     order = [1, *range(2 + dim, 2 + 2 * dim), 0, *range(2, 2 + dim)]

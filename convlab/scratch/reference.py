@@ -45,7 +45,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
-from convlab.scratch.im2col import col2im, im2col, tap_windows
+from convlab.scratch.im2col import col2im, columns, tap_windows
 from convlab.scratch.params import (
     ConvParams,
     IntOrSeq,
@@ -55,8 +55,8 @@ from convlab.scratch.params import (
     check_tensor,
 )
 
-__all__ = ["all_finite", "convolution", "convolution_backward", "gather_operands",
-           "sample_chunks"]
+__all__ = ["all_finite", "check_backward_args", "column_grad_weight", "convolution",
+           "convolution_backward", "gather_operands", "sample_chunks"]
 
 Mask = Sequence[bool]
 Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
@@ -118,7 +118,7 @@ def _column_gemms(
     w_mat = None if w is None else _weight_matrix(w, p.groups)  # once: it may be a copy
     ys, gw = [], None
     for s in sample_chunks(x.shape[0], sample_bytes, chunk_bytes):
-        cols = im2col(x[s], kernel, out_size, p.stride, p.padding, p.dilation, p.groups)
+        cols = columns(x[s], kernel, out_size, p.stride, p.padding, p.dilation, p.groups)
         if w_mat is not None:
             y = torch.matmul(w_mat, cols)  # [G, K/G, n*L]
             ys.append(y.reshape(w_mat.shape[0] * w_mat.shape[1], x[s].shape[0], *out_size)
@@ -144,11 +144,14 @@ def _forward(
     return y
 
 
-def _grad_weight(
+def column_grad_weight(
     gy: torch.Tensor, x: torch.Tensor, weight_shape: Sequence[int], p: ConvParams,
     chunk_bytes: int | None = None,
 ) -> torch.Tensor:
-    """Weight gradient ``[K, C/G, *k]`` of a normal conv for ``gy`` ``[N, K, *O]``."""
+    """Weight gradient ``[K, C/G, *k]`` of a normal conv for ``gy`` ``[N, K, *O]`` and
+    ``x`` ``[N, C, *S]``: the batch-folded GEMM ``dY @ Xᵀ`` over chunks of columns of at
+    most ``chunk_bytes`` (default ``CHUNK_BYTES``). Arguments are not checked here
+    (:func:`check_backward_args` does)."""
     if p.groups > 1 and weight_shape[1] == 1:
         return _depthwise_grad_weight(gy, x, weight_shape, p)
     _, gw = _column_gemms(x, weight_shape[2:], gy.shape[2:], p, gy=gy,
@@ -396,22 +399,10 @@ def convolution_backward(
     >>> gi.shape, gw.shape, gb.shape
     (torch.Size([2, 3, 8, 8]), torch.Size([4, 3, 3, 3]), torch.Size([4]))
     """
-    p = ConvParams.for_tensors(
-        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
-    )
-    _check_like_aten(p, weight)
-    p.check_grad_output(grad_output, input, weight)
-    if not p.transposed and any(p.output_padding):
-        raise ValueError(
-            f"output_padding={p.output_padding} is only supported for transposed convolutions"
-        )
-    mask = check_output_mask(output_mask)
-    if chunk_bytes is not None and (not isinstance(chunk_bytes, int) or chunk_bytes < 1):
-        raise ValueError(f"chunk_bytes must be a positive int or None, got {chunk_bytes!r}")
+    p, mask = check_backward_args(grad_output, input, weight, bias_sizes, stride, padding,
+                                  dilation, transposed, output_padding, groups, output_mask,
+                                  chunk_bytes=chunk_bytes)
     cb = chunk_bytes
-    out_channels = grad_output.shape[1]
-    check_bias_sizes(bias_sizes, out_channels)
-
     grad_input = grad_weight = grad_bias = None
     if p.transposed and (mask[0] or mask[1]) and not _is_depthwise(weight, p.groups):
         # Normal-conv roles: "input" is grad_output (x-space), "grad_output" is input. Both
@@ -425,15 +416,52 @@ def convolution_backward(
         if mask[0]:
             grad_input = _forward(grad_output, weight, input.shape[2:], p, cb)
         if mask[1]:
-            grad_weight = _grad_weight(input, grad_output, weight.shape, p, cb)
+            grad_weight = column_grad_weight(input, grad_output, weight.shape, p, cb)
     else:
         if mask[0]:
             grad_input = _grad_input(grad_output, weight, input.shape, p, cb)
         if mask[1]:
-            grad_weight = _grad_weight(grad_output, input, weight.shape, p, cb)
+            grad_weight = column_grad_weight(grad_output, input, weight.shape, p, cb)
     if mask[2]:
         grad_bias = grad_output.sum([0, *range(2, grad_output.dim())])
     return grad_input, grad_weight, grad_bias
+
+
+def check_backward_args(
+    grad_output: torch.Tensor,
+    input: torch.Tensor,
+    weight: torch.Tensor,
+    bias_sizes: Sequence[int] | None,
+    stride: IntOrSeq,
+    padding: IntOrSeq,
+    dilation: IntOrSeq,
+    transposed: bool,
+    output_padding: IntOrSeq,
+    groups: int,
+    output_mask: Mask,
+    *,
+    chunk_bytes: int | None = None,
+) -> tuple[ConvParams, tuple[bool, bool, bool]]:
+    """Check :func:`convolution_backward`'s arguments as it does (what ATen refuses, plus
+    ``chunk_bytes``) and return the parameters and the mask, so that a caller that runs
+    the gradients itself (:mod:`convlab.aten.fast_reference`) checks them once.
+
+    Raises ``ValueError`` or ``TypeError`` naming the argument.
+    """
+    p = ConvParams.for_tensors(
+        input, weight, None, stride, padding, dilation, transposed, output_padding, groups
+    )
+    _check_like_aten(p, weight)
+    p.check_grad_output(grad_output, input, weight)
+    if not p.transposed and any(p.output_padding):
+        raise ValueError(
+            f"output_padding={p.output_padding} is only supported for transposed convolutions"
+        )
+    mask = check_output_mask(output_mask)
+    if chunk_bytes is not None and (not isinstance(chunk_bytes, int) or chunk_bytes < 1):
+        raise ValueError(f"chunk_bytes must be a positive int or None, got {chunk_bytes!r}")
+    check_bias_sizes(bias_sizes, grad_output.shape[1])
+    return p, mask
 
 
 # ---------------------------------------------------------------------------------------

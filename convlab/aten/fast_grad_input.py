@@ -33,16 +33,10 @@ from collections.abc import Sequence
 import torch
 
 from convlab.aten import extension
+from convlab.scratch import reference
 from convlab.scratch.params import ConvParams
 
 __all__ = ["grad_input"]
-
-
-def _chunks(n: int, sample_bytes: int, limit: int) -> tuple[list[slice], int]:
-    """Batch slices of at most ``limit`` bytes (at least one sample each), and their size."""
-    most = max(1, limit // max(1, sample_bytes))
-    step = max(1, math.ceil(n / max(1, math.ceil(n / most))))
-    return [slice(i, min(n, i + step)) for i in range(0, n, step)], step
 
 
 def grad_input(gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],
@@ -63,11 +57,14 @@ def grad_input(gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],
     ck, positions = c // g * math.prod(kernel), math.prod(out_size)
     w_t = w.reshape(g, k // g, ck).transpose(1, 2)  # [G, C/G*k, K/G]
     gi = gy.new_zeros(n, c, *input_shape[2:])
-    slices, step = _chunks(n, c * math.prod(kernel) * positions * gy.element_size(), limit)
-    buf = gy.new_empty(min(step, n), g, ck, positions)
+    if n == 0:
+        return gi
+    slices = reference.sample_chunks(
+        n, c * math.prod(kernel) * positions * gy.element_size(), limit)
+    buf = gy.new_empty(min(slices[0].stop, n), g, ck, positions)
     col2im_add_ = extension.load().ops.col2im_add_
     for s in slices:
-        m = s.stop - s.start
+        m = min(s.stop, n) - s.start
         cols = torch.matmul(w_t, gy[s].reshape(m, g, k // g, positions), out=buf[:m])
         col2im_add_(gi[s].view(m * c, *input_shape[2:]), cols.view(m * c, -1), kernel,
                     out_size, list(p.stride), list(p.padding), list(p.dilation))

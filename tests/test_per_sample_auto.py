@@ -7,8 +7,8 @@ import json
 
 import torch
 
+from convlab.aten.fast_per_sample import ROUTES, per_sample_weight_grad
 from convlab.lab import per_sample_auto as psa
-from convlab.scratch.per_sample import ROUTES, per_sample_weight_grad
 
 
 def test_grid_layers_have_their_channels_per_group() -> None:
@@ -39,19 +39,19 @@ def test_record_quick_structure() -> None:
 
 
 def test_rule_summary_applies_the_current_rule_to_stored_times() -> None:
-    # 16 channels, 3x3, N = 8: the rule now takes grouped, whatever "auto" was stored.
-    stored = {"channels_per_group": 16, "n": 8, "kernel": 3, "threads": 1,
+    # 16 channels, 3x3, N = 64: the rule now takes grouped, whatever "auto" was stored.
+    stored = {"channels_per_group": 16, "n": 64, "kernel": 3, "threads": 1,
               "seconds": {"grouped": 2.0, "grouped_cl": 1.0, "im2col": 4.0},
               "fastest": "grouped_cl", "auto": "im2col", "auto_over_fastest": 4.0}
-    one = {**stored, "channels_per_group": 3, "n": 1, "kernel": 5}  # one sample: im2col
+    one = {**stored, "channels_per_group": 3, "n": 1, "kernel": 1}  # 1x1: im2col
     now = psa.rule_summary({"block": 16, "points": [stored, one]})
     assert now["points"] == 2 and now["near"] == 0 and now["untimed"] == 0
     assert now["worst"]["auto"] == "im2col" and now["worst"]["n"] == 1
     assert now["worst"]["auto_over_fastest"] == 4.0
     best = {**stored, "seconds": {"grouped": 1.0, "grouped_cl": 1.05, "im2col": 3.0}}
     assert psa.rule_summary({"block": 16, "points": [best]})["near"] == 1
-    # depthwise 5x5 at N = 8: the rule takes forward, which this old sweep did not time
-    old = {**stored, "channels_per_group": 1, "kernel": 5}
+    # depthwise 5x5 at N = 8: the rule takes the loop, which this old sweep did not time
+    old = {**stored, "channels_per_group": 1, "n": 8, "kernel": 5}
     now = psa.rule_summary({"block": 16, "points": [old]})
     assert now == {"near": 0, "points": 0, "untimed": 1, "worst": None}
 
@@ -71,7 +71,7 @@ def test_every_peer_gives_convlabs_per_sample_gradients_at_every_layer() -> None
 
 
 def test_against_peers_reads_speed_step_and_peak_per_point() -> None:
-    pts = [{"channels_per_group": 16, "n": 8, "kernel": 3, "threads": 1,
+    pts = [{"channels_per_group": 16, "n": 64, "kernel": 3, "threads": 1,
             "seconds": {"grouped": 1.0, "grouped_cl": 3.0, "im2col": 2.0},
             "peers": {"vmap(conv backward)": 0.5, "Opacus (unfold + einsum)": 4.0,
                       "BackPACK BatchGrad (grouped conv)": "not installed",

@@ -38,8 +38,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from convlab.aten.fast_per_sample import per_sample_weight_grad
 from convlab.lab import timing
-from convlab.scratch.per_sample import per_sample_bias_grad, per_sample_weight_grad
+from convlab.scratch.per_sample import per_sample_bias_grad
 
 __all__ = ["STEPS", "ResNet8", "compare", "convlab_conv_sampler", "convlab_grad_sampler",
            "data", "make_step", "missing", "per_sample_grads", "record"]

@@ -1,7 +1,7 @@
 """The sweep behind ``per_sample_weight_grad(method="auto")``: every route of
-``convlab.scratch.per_sample.ROUTES`` timed on a coarse grid of layers (channels per
-group, batch, kernel, threads), with the route
-:func:`~convlab.scratch.per_sample.choose_method` picks and its time over the fastest
+``convlab.aten.fast_per_sample.ROUTES`` (the scratch routes and convlab's C++ loop) timed
+on a coarse grid of layers (channels per group, batch, kernel, threads), with the route
+:func:`~convlab.aten.fast_per_sample.choose_method` picks and its time over the fastest
 route's.
 
 Each grid point is one interleaved run (:func:`convlab.lab.timing.interleaved`) of the
@@ -21,9 +21,10 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from convlab.aten.fast_per_sample import ROUTES, choose_method, per_sample_weight_grad
 from convlab.lab import per_sample_timing, timing
 from convlab.lab.profiling import measure_memory
-from convlab.scratch.per_sample import ROUTES, choose_method, onednn_block, per_sample_weight_grad
+from convlab.scratch.per_sample import onednn_block
 
 __all__ = ["GRID", "LAYERS", "against_peers", "layer", "point", "record", "route_facts",
            "rule_route", "rule_summary", "sweep", "worst"]
@@ -104,7 +105,7 @@ def worst(points: list[dict[str, object]]) -> dict[str, object]:
 
 
 def rule_route(point: dict[str, Any], block: int) -> str:
-    """The route :func:`~convlab.scratch.per_sample.choose_method` picks now at a stored
+    """The route :func:`~convlab.aten.fast_per_sample.choose_method` picks now at a stored
     sweep point (its layer's groups from ``LAYERS``, the sweep's ``block``)."""
     return choose_method(point["n"], point["channels_per_group"], [point["kernel"]] * 2,
                          torch.float32, block, point["threads"],
@@ -112,7 +113,7 @@ def rule_route(point: dict[str, Any], block: int) -> str:
 
 
 def rule_summary(section: dict[str, Any]) -> dict[str, Any]:
-    """The current :func:`~convlab.scratch.per_sample.choose_method` on a stored sweep:
+    """The current :func:`~convlab.aten.fast_per_sample.choose_method` on a stored sweep:
     at each point the route it picks now (with the section's block and the point's
     threads) and that route's median time over the fastest route's. Returns ``{"near":
     points within 10 % of the fastest, "points": their number, "worst": the point with

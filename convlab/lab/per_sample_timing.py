@@ -2,8 +2,9 @@
 pick instead, timed in one interleaved run, and the grouped-vs-im2col crossover.
 
 * ``WEIGHT_ROUTES``: given the input and ``grad_output``, every sample's weight
-  gradient: convlab's ``grouped``, ``im2col`` and ``auto`` routes
-  (:func:`convlab.scratch.per_sample.per_sample_weight_grad`), ``torch.func.vmap`` over
+  gradient: convlab's ``grouped``, ``im2col``, ``forward``
+  (:func:`convlab.scratch.per_sample.per_sample_weight_grad`), ``loop`` and ``auto``
+  routes (:func:`convlab.aten.fast_per_sample.per_sample_weight_grad`), ``torch.func.vmap`` over
   ``convolution_backward``, Opacus's ``nn.Conv2d`` grad sampler (its own unfold,
   ``F.pad`` + ``as_strided``, then ``einsum``), ``unfoldNd`` (BackPACK's unfold package)
   + ``einsum``, and BackPACK's ``BatchGrad`` derivative (a forward convolution with
@@ -28,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch.func import grad, vmap
 
+from convlab.aten import fast_per_sample
 from convlab.lab import timing
 from convlab.scratch.per_sample import per_sample_weight_grad
 
@@ -115,7 +117,10 @@ def routes(layer: tuple[int, int, int, int, int] = LAYER
     weight: dict[str, Callable[[], torch.Tensor] | str] = {
         "convlab grouped": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
                                                           method="grouped"),
-        "convlab auto": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad),
+        "convlab auto": lambda: fast_per_sample.per_sample_weight_grad(x, w.shape, go,
+                                                                       padding=pad),
+        "convlab loop": lambda: fast_per_sample.per_sample_weight_grad(
+            x, w.shape, go, padding=pad, method="loop"),
         "convlab im2col": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,
                                                          method="im2col"),
         "convlab forward": lambda: per_sample_weight_grad(x, w.shape, go, padding=pad,

@@ -36,7 +36,8 @@ estimates need. Four routes compute all of them at once:
 
 ``"auto"`` (the default) picks one of these routes with :func:`choose_method`, a rule fitted on a
 timed sweep (channels per group, batch, kernel, threads, instruction set); its docstring
-gives the rule and the sweep it came from.
+gives the rule and the sweep it came from. :mod:`convlab.aten.fast_per_sample` adds a
+fifth route, convlab's C++ loop, and a rule that takes it where it wins.
 
 The bias gradient of sample ``n`` is ``grad_output_n`` summed over its positions.
 """
@@ -61,7 +62,8 @@ from convlab.scratch.params import (
 )
 from convlab.scratch.reference import CHUNK_BYTES, sample_chunks
 
-__all__ = ["GROUPED_CHUNK_BYTES", "METHODS", "ROUTES", "choose_method", "onednn_block",
+__all__ = ["GROUPED_CHUNK_BYTES", "METHODS", "ROUTES", "check_args", "choose_method",
+           "onednn_block",
            "per_sample_bias_grad", "per_sample_weight_grad"]
 
 ROUTES: tuple[str, ...] = ("grouped", "grouped_cl", "im2col", "forward")
@@ -149,19 +151,19 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
        with 16-wide blocks and ``n >= 32``, else ``im2col``.
     7. Otherwise ``grouped``.
 
-    Fitted on the ``per_sample_auto`` sweeps (:mod:`convlab.lab.per_sample_auto`: channels
+    Fitted on ``per_sample_auto`` sweeps (:mod:`convlab.lab.per_sample_auto`: channels
     per group 1, 3, 8, 16, 64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads; 16x16,
     float32) of a 2-core AMD EPYC with 32 MiB of L3 (cpuid family 25, model 17) at its
-    AVX-512-BF16, AVX-512, AVX2 and SSE4.1 settings. On those 120 points per setting
-    (the fit's own data, so an optimistic estimate) the route it picks is within 10 % of
-    the fastest at 114, 116, 113 and 118 of them, worst x1.32, x1.30, x1.31 and x2.49.
-    The x2.49 is one point (SSE4.1, 8 channels per group, N = 64, 7x7, 2 threads) where
-    the same layer at one thread had im2col x1.4 faster than every other route. Rule 4's
-    groups term rests on the sweep's one grouped layer (16 channels in 2 groups): for one
-    sample there im2col was x1.2-x1.8 faster than grouped at 3x3 under every setting. A
-    thread term did not pay: where one and two threads disagreed on the fastest route,
-    the rule's route was within x1.32 of it (but for that SSE4.1 point). The
-    sweep has N = 8 and 64 only, so rule 6's 32 is a midpoint, not a measured crossover.
+    AVX-512-BF16, AVX-512, AVX2 and SSE4.1 settings. On the sweeps of those settings
+    stored now (120 points each, taken after the fit, with
+    :mod:`convlab.aten.fast_per_sample`'s loop as a fifth route), the route it picks is
+    within 10 % of the fastest of these four at 116, 115, 114 and 116 points, worst
+    x1.23, x1.32, x1.29 and x1.36 (one sample or few channels, where another of the four
+    was faster). Rule 4's groups term rests on the sweep's one grouped layer
+    (16 channels in 2 groups): for one sample at 3x3 im2col was faster than grouped
+    under every setting (x1.0-x2.0 on the stored sweeps). A thread term did not pay on
+    the sweeps it was fitted on. The sweep has N = 8 and 64 only, so rule 6's 32 is a
+    midpoint, not a measured crossover.
     """
     block = onednn_block() if block is None else block
     threads_or_current(threads)  # validated; no rule reads it (docstring)
@@ -210,21 +212,10 @@ def per_sample_weight_grad(
     >>> per_sample_weight_grad(x, (6, 3, 3, 3), go).shape
     torch.Size([4, 6, 3, 3, 3])
     """
-    check_tensor(input, "input")
-    check_tensor(grad_output, "grad_output")
-    check_same(input, grad_output, "input", "grad_output")
-    weight_size = _weight_size(weight_size)
     if not isinstance(method, str) or method not in METHODS:
         raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
-    key = (tuple(input.shape), weight_size, _frozen(stride), _frozen(padding),
-           _frozen(dilation), groups, tuple(grad_output.shape))
-    try:
-        hash(key)
-        plain = all(type(v) is int for part in key for v in
-                    (part if isinstance(part, tuple) else (part,)))
-    except TypeError:
-        plain = False
-    p, expected = _checked(*key) if plain else _check(*key)
+    weight_size, p, expected = check_args(input, weight_size, grad_output, stride,
+                                          padding, dilation, groups)
     n = input.shape[0]
     if n == 0 or math.prod(weight_size) == 0:
         return input.new_zeros((n, *weight_size))
@@ -237,6 +228,28 @@ def per_sample_weight_grad(
     if method == "forward":
         return _forward(input, weight_size, grad_output, p)
     return _grouped(input, weight_size, grad_output, p, method == "grouped_cl")
+
+
+def check_args(input: torch.Tensor, weight_size: Sequence[int], grad_output: torch.Tensor,
+               stride: IntOrSeq = 1, padding: IntOrSeq = 0, dilation: IntOrSeq = 1,
+               groups: int = 1) -> tuple[tuple[int, ...], ConvParams, tuple[int, ...]]:
+    """The arguments of :func:`per_sample_weight_grad`, checked (``ValueError`` or
+    ``TypeError`` naming the argument): ``(weight_size as ints, ConvParams, the forward
+    output's shape)``. A geometry of plain ints seen before costs a dictionary lookup."""
+    check_tensor(input, "input")
+    check_tensor(grad_output, "grad_output")
+    check_same(input, grad_output, "input", "grad_output")
+    weight_size = _weight_size(weight_size)
+    key = (tuple(input.shape), weight_size, _frozen(stride), _frozen(padding),
+           _frozen(dilation), groups, tuple(grad_output.shape))
+    try:
+        hash(key)
+        plain = all(type(v) is int for part in key for v in
+                    (part if isinstance(part, tuple) else (part,)))
+    except TypeError:
+        plain = False
+    p, expected = _checked(*key) if plain else _check(*key)
+    return weight_size, p, expected
 
 
 def _check(input_shape: tuple[int, ...], weight_size: tuple[int, ...], stride: IntOrSeq,
@@ -316,22 +329,35 @@ def _im2col(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torc
     n, g = input.shape[0], p.groups
     k_g, ck = weight_size[0] // g, math.prod(weight_size[1:])
     positions = math.prod(out_size)
-    out = input.new_empty((n, g, k_g, ck))
     gy = grad_output.reshape(n, g, k_g, positions)
+    # Under autograd (an input that requires grad) out= and a reused buffer would cut
+    # the graph: every chunk gets its own columns and product, joined at the end.
+    graph = torch.is_grad_enabled() and (input.requires_grad or grad_output.requires_grad)
     if math.prod(weight_size[2:]) == 1 and all(s == 1 for s in p.stride) \
             and not any(p.padding):
-        torch.matmul(gy, input.reshape(n, g, ck, positions).transpose(2, 3), out=out)
+        cols_t = input.reshape(n, g, ck, positions).transpose(2, 3)
+        if graph:
+            return torch.matmul(gy, cols_t).reshape(n, *weight_size)
+        out = input.new_empty((n, g, k_g, ck))
+        torch.matmul(gy, cols_t, out=out)
         return out.reshape(n, *weight_size)
     sample_bytes = input.element_size() * input.shape[1] * math.prod(weight_size[2:]) * positions
     step = min(n, max(1, CHUNK_BYTES // max(1, sample_bytes)))
-    buf = input.new_empty((step, g, ck, positions))
+    out = None if graph else input.new_empty((n, g, k_g, ck))
+    buf = None if graph else input.new_empty((step, g, ck, positions))
+    parts = []
     for lo in range(0, n, step):
         m = min(step, n - lo)
-        cols = sample_columns(buf[:m].view(m, g * ck, positions), input[lo:lo + m],
+        into = input.new_empty((m, g, ck, positions)) if buf is None else buf[:m]
+        cols = sample_columns(into.view(m, g * ck, positions), input[lo:lo + m],
                               weight_size[2:], out_size, p.stride, p.padding,
                               p.dilation).view(m, g, ck, positions)
-        torch.matmul(gy[lo:lo + m], cols.transpose(2, 3), out=out[lo:lo + m])
-    return out.reshape(n, *weight_size)
+        if out is None:
+            parts.append(torch.matmul(gy[lo:lo + m], cols.transpose(2, 3)))
+        else:
+            torch.matmul(gy[lo:lo + m], cols.transpose(2, 3), out=out[lo:lo + m])
+    result = torch.cat(parts) if out is None else out
+    return result.reshape(n, *weight_size)
 
 
 def _forward(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torch.Tensor,

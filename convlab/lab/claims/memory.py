@@ -1,4 +1,5 @@
-"""Chapter 9's memory claim: does a per-sample route's memory depend on the ISA?"""
+"""Chapter 9's memory claims: does a per-sample route's memory depend on the ISA, and
+does the C++ loop's grow with the batch?"""
 
 from __future__ import annotations
 
@@ -38,9 +39,44 @@ def check_im2col_memory_independent_of_isa() -> Outcome:
     return _compare(("im2col",))
 
 
+def check_loop_memory_is_its_result() -> Outcome:
+    """The loop route's peak allocation is its result plus per-thread buffers whose size
+    does not depend on the batch: the extra is the same at N and 4 N, N the larger of 8
+    and the thread count (so that every thread has a sample to work on at both)."""
+    import torch
+
+    from convlab.aten.fast_per_sample import per_sample_weight_grad as fast
+    from convlab.lab.profiling import measure_memory
+
+    _, c_in, c_out, size, k = LAYER
+    small = max(8, torch.get_num_threads())
+    extra = {}
+    for n in (small, 4 * small):
+        x, go = randn(n, c_in, size, size), randn(n, c_out, size, size, seed=2)
+
+        def fn(x: torch.Tensor = x, go: torch.Tensor = go) -> object:
+            return fast(x, (c_out, c_in, k, k), go, 1, k // 2, method="loop")
+
+        result = n * c_out * c_in * k * k * x.element_size()
+        fn()  # the first call in a process also sets up the library (once)
+        extra[n] = (measure_memory(fn, "cpu")[0] - result) / 2**20
+    low, high = extra[small], extra[4 * small]
+    # measure_memory adds Python's own peak (tracemalloc), which moves by a few hundred
+    # bytes from call to call: "the same" is within 10 KiB
+    return verdict(abs(low - high) < 10 / 1024 and low >= 0,
+                   f"loop, {torch.get_num_threads()} thread(s): MiB beyond the result "
+                   f"{low:.3f} at N = {small}, {high:.3f} at N = {4 * small}",
+                   extra_mib={str(n): v for n, v in extra.items()})
+
+
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch9_im2col_memory_independent_of_isa", 9,
           "The im2col route's memory does not depend on the ISA.",
           "ATen's im2col and the BLAS allocate through torch whatever the ISA",
           check_im2col_memory_independent_of_isa),
+    Claim("ch9_loop_memory_is_its_result", 9,
+          "The loop route holds its result and per-thread buffers, nothing that grows "
+          "with the batch.",
+          "convlab's C++ loop allocates its buffers once per thread through torch",
+          check_loop_memory_is_its_result),
 )

@@ -1,0 +1,149 @@
+"""Per-sample weight gradients with one more route: convlab's C++ loop, no column buffer.
+
+:mod:`convlab.scratch.per_sample` builds every route from ATen ops, and each of them
+holds more than its result while it runs: oneDNN's blocked copies of the input and
+``grad_output`` (``grouped``, ``forward``) or a chunk of im2col columns (``im2col``). The
+``"loop"`` route is ``torch.ops.convlab_ext.per_sample_weight_grad``, a loop in convlab's
+extension (:mod:`convlab.aten.extension`). Per (sample, input channel) plane it contracts
+every kernel tap's row of the im2col columns with the group's ``grad_output`` rows, four
+output channels by four taps per step (two by four with 16 vector registers), the sums
+in vector registers. The tap rows are never a buffer of the whole columns:
+
+* stride 1, finite plane: the plane is copied into a zero-padded buffer and the
+  ``grad_output`` rows onto its row stride, so tap ``t``'s row is the padded plane read
+  from a fixed offset (the extra ``grad_output`` columns hold zeros and add ``0 * x``,
+  which is exact only for finite ``x``);
+* otherwise: the rows of a block of output rows are filled (at most 16384 values), zero
+  where a tap reads padding, as unfold's columns hold;
+* wide groups (``K/G * C/G * taps >= 4096``): a (sample, group)'s columns in blocks of
+  131072 values, each handed to one GEMM (the BLAS's blocking wins there).
+
+The buffers are per thread and come from torch's allocator, so
+:func:`convlab.lab.profiling.measure_memory` counts them; what grows with the batch is
+the result alone. Every result entry is summed by one thread in a fixed order, so the
+result is the same at any thread count. :func:`choose_method` says where the loop wins
+(few channels per group, one or few samples, small kernels) and where oneDNN's JIT kernels
+do (many samples with wide layers or large kernels).
+
+:func:`per_sample_weight_grad` takes the same arguments as
+:func:`convlab.scratch.per_sample.per_sample_weight_grad`, with ``"loop"`` among its
+methods; every other route is that function's.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from convlab.aten import extension
+from convlab.scratch import per_sample
+from convlab.scratch.params import IntOrSeq
+
+__all__ = ["METHODS", "ROUTES", "choose_method", "per_sample_weight_grad"]
+
+ROUTES: tuple[str, ...] = (*per_sample.ROUTES, "loop")
+METHODS: tuple[str, ...] = ("auto", *ROUTES)
+
+
+def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
+                  dtype: torch.dtype = torch.float32, block: int | None = None,
+                  threads: int | None = None, groups: int = 1) -> str:
+    """The route ``method="auto"`` takes: ``"loop"`` or the route of
+    :func:`convlab.scratch.per_sample.choose_method` (same arguments: ``n`` samples,
+    ``c`` = ``channels_per_group``, ``taps`` the kernel's size, oneDNN's ``block`` ``b``
+    (default :func:`~convlab.scratch.per_sample.onednn_block`), ``threads`` (no rule reads
+    it), the layer's ``groups``).
+
+    ``"loop"`` for float32 and float64 with more than one tap (a 1x1 kernel's im2col reads
+    the input in place) when one of these holds, else the scratch rule:
+
+    1. no JIT block (``b == 0``, oneDNN's GEMM fallback);
+    2. one sample, ``c <= 8``;
+    3. ``n <= 8`` and ``taps <= 9``;
+    4. few channels (``c < 8``: depthwise, a 3-channel stem) with ``n <= 8`` or
+       ``taps <= 9``.
+
+    What is left is where oneDNN's JIT kernels win: many samples with larger kernels, or
+    wider groups beyond 3x3. Fitted on the ``per_sample_auto`` sweeps
+    (:mod:`convlab.lab.per_sample_auto`, every route and the loop timed at every point)
+    of the 2-core AMD EPYC (cpuid family 25, model 17) at its AVX-512-BF16, AVX-512, AVX2
+    and SSE4.1 settings: on those 120 points per setting (the fit's own data) the route
+    it picks is within 10 % of the fastest at 105, 104, 107 and 103, worst x1.70, x1.41,
+    x1.64 and x1.63 (at the first three settings a 1x1 kernel, where im2col reads the
+    input in place and the loop, faster there, holds its buffers). Against the scratch rule alone on
+    the same sweeps its route takes x0.82, x0.81, x0.79 and x0.80 of the time (geometric
+    means; at best x0.19-0.22, at worst x1.11-1.63) and x0.66, x0.66, x0.66 and x0.35 of
+    the peak memory.
+    """
+    route = per_sample.choose_method(n, channels_per_group, kernel, dtype, block, threads,
+                                     groups)
+    taps = math.prod(kernel)
+    if dtype not in (torch.float32, torch.float64) or taps == 1:
+        return route
+    c = channels_per_group
+    b = per_sample.onednn_block() if block is None else block
+    few = c < 8 and (n <= 8 or taps <= 9)
+    if b == 0 or (n == 1 and c <= 8) or (n <= 8 and taps <= 9) or few:
+        return "loop"
+    return route
+
+
+def per_sample_weight_grad(
+    input: torch.Tensor,
+    weight_size: Sequence[int],
+    grad_output: torch.Tensor,
+    stride: IntOrSeq = 1,
+    padding: IntOrSeq = 0,
+    dilation: IntOrSeq = 1,
+    groups: int = 1,
+    method: str = "auto",
+) -> torch.Tensor:
+    """Weight gradient of each sample, ``[N, C_out, C_in/groups, *k]``, as
+    :func:`convlab.scratch.per_sample.per_sample_weight_grad` (same arguments and
+    checks), with ``method`` one of ``"auto"`` (:func:`choose_method`), ``"loop"`` or a
+    route of that function.
+
+    The loop serves CPU float32 and float64 with 1-3 spatial dims and no autograd
+    (``torch.is_grad_enabled()`` with an input that requires grad goes to the route the
+    scratch rule picks, which ATen can differentiate); ``method="loop"`` outside that
+    raises ``ValueError``.
+
+    >>> x, go = torch.randn(4, 3, 8, 8), torch.randn(4, 6, 6, 6)
+    >>> per_sample_weight_grad(x, (6, 3, 3, 3), go, method="loop").shape
+    torch.Size([4, 6, 3, 3, 3])
+    """
+    if not isinstance(method, str) or method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    args = (stride, padding, dilation, groups)
+    if method not in ("auto", "loop"):
+        return per_sample.per_sample_weight_grad(input, weight_size, grad_output, *args,
+                                                 method=method)
+    size, p, _ = per_sample.check_args(input, weight_size, grad_output, *args)
+    servable = _loop_serves(input, grad_output, p.dim)
+    if method == "auto":
+        method = "grouped" if input.device.type != "cpu" else choose_method(
+            input.shape[0], size[1], size[2:], input.dtype, groups=p.groups)
+        if method == "loop" and not servable:
+            method = per_sample.choose_method(input.shape[0], size[1], size[2:],
+                                              input.dtype, groups=p.groups)
+    if method != "loop":
+        return per_sample.per_sample_weight_grad(input, size, grad_output, *args,
+                                                 method=method)
+    if not servable:
+        raise ValueError("method='loop' takes CPU float32 or float64 tensors with 1 to 3 "
+                         "spatial dims and no autograd (an input requires grad)")
+    if input.shape[0] == 0 or math.prod(size) == 0:
+        return input.new_zeros((input.shape[0], *size))
+    return extension.load().ops.per_sample_weight_grad(
+        input.contiguous(), grad_output.contiguous(), list(size[2:]), list(p.stride),
+        list(p.padding), list(p.dilation), p.groups)
+
+
+def _loop_serves(input: torch.Tensor, grad_output: torch.Tensor, dim: int) -> bool:
+    """Whether the C++ loop takes these tensors (see :func:`per_sample_weight_grad`)."""
+    return (input.device.type == "cpu" and input.dtype in (torch.float32, torch.float64)
+            and 1 <= dim <= 3
+            and not (torch.is_grad_enabled()
+                     and (input.requires_grad or grad_output.requires_grad)))

@@ -6,8 +6,9 @@ holds more than its result while it runs: oneDNN's blocked copies of the input a
 ``"loop"`` route is ``torch.ops.convlab_ext.per_sample_weight_grad``, a loop in convlab's
 extension (:mod:`convlab.aten.extension`). Per (sample, input channel) plane it contracts
 every kernel tap's row of the im2col columns with the group's ``grad_output`` rows, four
-output channels by four taps per step (two by four with 16 vector registers), the sums
-in vector registers. The tap rows are never a buffer of the whole columns:
+output channels by four taps per step (two by four in the AVX2 and baseline builds, which
+have half the vector registers), the sums in vector registers. The tap rows are never a
+buffer of the whole columns:
 
 * stride 1, finite plane: the plane is copied into a zero-padded buffer and the
   ``grad_output`` rows onto its row stride, so tap ``t``'s row is the padded plane read
@@ -72,10 +73,10 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     and SSE4.1 settings: on those 120 points per setting (the fit's own data) the route
     it picks is within 10 % of the fastest at 105, 104, 107 and 103, worst x1.70, x1.41,
     x1.64 and x1.63 (at the first three settings a 1x1 kernel, where im2col reads the
-    input in place and the loop, faster there, holds its buffers). Against the scratch rule alone on
-    the same sweeps its route takes x0.82, x0.81, x0.79 and x0.80 of the time (geometric
-    means; at best x0.19-0.22, at worst x1.11-1.63) and x0.66, x0.66, x0.66 and x0.35 of
-    the peak memory.
+    input in place and the loop, faster there, holds its buffers). Against the scratch
+    rule alone on the same sweeps its route takes x0.82, x0.81, x0.79 and x0.80 of the
+    time (geometric means; at best x0.19-0.22, at worst x1.11-1.63) and x0.66, x0.66,
+    x0.66 and x0.35 of the peak memory.
     """
     route = per_sample.choose_method(n, channels_per_group, kernel, dtype, block, threads,
                                      groups)

@@ -507,9 +507,10 @@ constexpr int64_t kRowBlock = 16384;
 // Per-sample weight gradients without a column buffer. One (sample, channel)
 // plane at a time: every kernel tap's row of the plane's im2col columns is
 // contracted with the group's grad_output rows, out[j][t] (= or +=)
-// sum_q g_j[q] * row_t[q], four output channels by four taps per step, so
-// the rows are read from the core's cache and the only memory the op takes
-// is its result. The tap rows come from one of two places:
+// sum_q g_j[q] * row_t[q], a tile of output channels by four taps per step
+// (block_dots), so the rows are read from the core's cache and the op takes
+// its result and one bounded buffer per thread. The tap rows come from one of
+// two places:
 // * flat (stride 1, finite plane): the plane copied once into a zero-padded
 //   buffer xpad, and grad_output's rows onto xpad's row stride (gpad: zeros
 //   in the extra columns), so tap t's row is xpad + offset_t, no copy per tap

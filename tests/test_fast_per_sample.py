@@ -128,7 +128,7 @@ def test_empty_batch_and_autograd_fall_back() -> None:
     assert per_sample_weight_grad(x[:0], (6, 4, 3, 3), go[:0], 1, 1,
                                   method="loop").shape == (0, 6, 4, 3, 3)
     xr = x.clone().requires_grad_()
-    with pytest.raises(ValueError, match="no autograd"):
+    with pytest.raises(ValueError, match="without autograd"):
         per_sample_weight_grad(xr, (6, 4, 3, 3), go, 1, 1, method="loop")
     auto = per_sample_weight_grad(xr, (6, 4, 3, 3), go, 1, 1)  # a scratch route
     auto.sum().backward()
@@ -142,6 +142,31 @@ def test_empty_batch_and_autograd_fall_back() -> None:
                                method="loop")
     assert per_sample_weight_grad(x.bfloat16(), (6, 4, 3, 3), go.bfloat16(),
                                   1, 1).dtype == torch.bfloat16
+
+
+def test_transforms_and_fake_tensors_take_a_scratch_route() -> None:
+    """vmap over samples, and FakeTensor shapes: auto falls back to an ATen-op route, the
+    loop refuses."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.func import vmap
+
+    x, go = torch.randn(3, 2, 4, 6, 6), torch.randn(3, 2, 5, 6, 6)
+
+    def per_batch(xb, gb, method="auto"):
+        return per_sample_weight_grad(xb, (5, 4, 3, 3), gb, 1, 1, method=method)
+
+    got = vmap(per_batch)(x, go)
+    want = torch.stack([per_sample_weight_grad(x[i], (5, 4, 3, 3), go[i], 1, 1,
+                                               method="loop") for i in range(3)])
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="functorch transform"):
+        vmap(lambda a, b: per_batch(a, b, "loop"))(x, go)
+    x0, go0 = x[0], go[0]
+    with FakeTensorMode() as mode:
+        fx, fgo = mode.from_tensor(x0), mode.from_tensor(go0)
+        assert per_batch(fx, fgo).shape == (2, 5, 4, 3, 3)
+        with pytest.raises(ValueError, match="dispatch mode"):
+            per_batch(fx, fgo, "loop")
 
 
 def test_bad_input_names_the_argument() -> None:

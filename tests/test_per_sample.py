@@ -135,6 +135,20 @@ def test_every_route_is_differentiable(method, k) -> None:
     assert torch.autograd.gradcheck(fn, (x, go))
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_every_route_under_vmap(method) -> None:
+    """vmap over batches of samples: the im2col route then builds its columns without
+    out= or a reused buffer (neither has a batching rule)."""
+    x = torch.randn(3, 2, 4, 6, 6, dtype=torch.float64)
+    go = torch.randn(3, 2, 5, 6, 6, dtype=torch.float64)
+
+    def one(a, b):
+        return per_sample_weight_grad(a, (5, 4, 3, 3), b, 1, 1, method=method)
+
+    want = torch.stack([one(x[i], go[i]) for i in range(3)])
+    torch.testing.assert_close(vmap(one)(x, go), want, rtol=1e-12, atol=1e-12)
+
+
 def test_numpy_integer_sizes_and_empty_batch() -> None:
     import numpy as np
 

@@ -106,9 +106,10 @@ def per_sample_weight_grad(
     checks), with ``method`` one of ``"auto"`` (:func:`choose_method`), ``"loop"`` or a
     route of that function.
 
-    The loop serves CPU float32 and float64 with 1-3 spatial dims and no autograd
-    (``torch.is_grad_enabled()`` with an input that requires grad goes to the route the
-    scratch rule picks, which ATen can differentiate); ``method="loop"`` outside that
+    The loop serves plain eager CPU float32 and float64 tensors with 1-3 spatial dims and
+    no autograd; elsewhere (an input that requires grad under grad mode, a dispatch mode
+    such as FakeTensor, ``torch.compile``, ``vmap``/``grad``) ``"auto"`` takes the route
+    the scratch rule picks, which ATen can differentiate and trace, and ``method="loop"``
     raises ``ValueError``.
 
     >>> x, go = torch.randn(4, 3, 8, 8), torch.randn(4, 6, 6, 6)
@@ -133,8 +134,9 @@ def per_sample_weight_grad(
         return per_sample.per_sample_weight_grad(input, size, grad_output, *args,
                                                  method=method)
     if not servable:
-        raise ValueError("method='loop' takes CPU float32 or float64 tensors with 1 to 3 "
-                         "spatial dims and no autograd (an input requires grad)")
+        raise ValueError("method='loop' takes plain CPU float32 or float64 tensors with 1 "
+                         "to 3 spatial dims, without autograd (an input requires grad), a "
+                         "dispatch mode, torch.compile or a functorch transform")
     if input.shape[0] == 0 or math.prod(size) == 0:
         return input.new_zeros((input.shape[0], *size))
     return extension.load().ops.per_sample_weight_grad(
@@ -143,8 +145,16 @@ def per_sample_weight_grad(
 
 
 def _loop_serves(input: torch.Tensor, grad_output: torch.Tensor, dim: int) -> bool:
-    """Whether the C++ loop takes these tensors (see :func:`per_sample_weight_grad`)."""
-    return (input.device.type == "cpu" and input.dtype in (torch.float32, torch.float64)
-            and 1 <= dim <= 3
-            and not (torch.is_grad_enabled()
-                     and (input.requires_grad or grad_output.requires_grad)))
+    """Whether the C++ loop takes these tensors (see :func:`per_sample_weight_grad`):
+    plain eager CPU float32/float64 tensors with 1-3 spatial dims and no autograd; not
+    under a dispatch mode, ``torch.compile`` or a functorch transform (the loop reads
+    the tensors' memory, which those do not give it)."""
+    if not (input.device.type == "cpu" and input.dtype in (torch.float32, torch.float64)
+            and input.layout == torch.strided and 1 <= dim <= 3):
+        return False
+    if torch.is_grad_enabled() and (input.requires_grad or grad_output.requires_grad):
+        return False
+    if torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling():
+        return False
+    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t)
+                   for t in (input, grad_output))

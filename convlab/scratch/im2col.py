@@ -184,7 +184,7 @@ def columns(x: torch.Tensor, kernel: Ints, out_size: Ints, stride: Ints, padding
 
 
 def sample_columns(
-    out: torch.Tensor,
+    out: torch.Tensor | None,
     x: torch.Tensor,
     kernel: Ints,
     out_size: Ints,
@@ -193,7 +193,8 @@ def sample_columns(
     dilation: Ints,
 ) -> torch.Tensor:
     """Write the columns of ``x`` ``[N, C, *S]`` per sample into ``out``
-    ``[N, C * prod(kernel), L]`` (one copy) and return ``out``.
+    ``[N, C * prod(kernel), L]`` (one copy) and return ``out``; with ``out=None``, a new
+    tensor (no in-place write, so autograd, ``vmap`` and tracing see one reshape).
 
     The layout of ``torch.nn.functional.unfold`` and of ATen's slow path (one
     ``[C * k, L]`` matrix per sample): a GEMM batched over the samples reads it as it
@@ -204,6 +205,8 @@ def sample_columns(
     n, c, dim = x.shape[0], x.shape[1], len(kernel)
     win = _padded_windows(x, kernel, out_size, stride, padding, dilation)
     order = [0, 1, *range(2 + dim, 2 + 2 * dim), *range(2, 2 + dim)]
+    if out is None:
+        return win.permute(order).reshape(n, c * math.prod(kernel), math.prod(out_size))
     out.view(n, c, *kernel, *out_size).copy_(win.permute(order))
     return out
 

@@ -306,7 +306,9 @@ def _grouped_call(input: torch.Tensor, weight_size: tuple[int, ...],
     n = input.shape[0]
     x = input.reshape(1, n * input.shape[1], *input.shape[2:])
     gy = grad_output.reshape(1, n * grad_output.shape[1], *grad_output.shape[2:])
-    if channels_last and x.dim() in (4, 5):
+    # (a memory layout only: under vmap, which cannot query one, the plain call)
+    if channels_last and x.dim() in (4, 5) \
+            and not torch._C._functorch.is_functorch_wrapped_tensor(x):
         fmt = torch.channels_last if x.dim() == 4 else torch.channels_last_3d
         x, gy = x.contiguous(memory_format=fmt), gy.contiguous(memory_format=fmt)
     # Only the weight's shape matters for grad_weight: a zero-stride placeholder.
@@ -330,9 +332,14 @@ def _im2col(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torc
     k_g, ck = weight_size[0] // g, math.prod(weight_size[1:])
     positions = math.prod(out_size)
     gy = grad_output.reshape(n, g, k_g, positions)
-    # Under autograd (an input that requires grad) out= and a reused buffer would cut
-    # the graph: every chunk gets its own columns and product, joined at the end.
-    graph = torch.is_grad_enabled() and (input.requires_grad or grad_output.requires_grad)
+    # Under autograd (an input that requires grad), a functorch transform or a dispatch
+    # mode, out= and a reused buffer would cut the graph or are not supported: every
+    # chunk gets its own columns and product, joined at the end.
+    graph = ((torch.is_grad_enabled()
+              and (input.requires_grad or grad_output.requires_grad))
+             or torch._C._len_torch_dispatch_stack() > 0
+             or any(torch._C._functorch.is_functorch_wrapped_tensor(t)
+                    for t in (input, grad_output)))
     if math.prod(weight_size[2:]) == 1 and all(s == 1 for s in p.stride) \
             and not any(p.padding):
         cols_t = input.reshape(n, g, ck, positions).transpose(2, 3)
@@ -348,10 +355,9 @@ def _im2col(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torc
     parts = []
     for lo in range(0, n, step):
         m = min(step, n - lo)
-        into = input.new_empty((m, g, ck, positions)) if buf is None else buf[:m]
-        cols = sample_columns(into.view(m, g * ck, positions), input[lo:lo + m],
-                              weight_size[2:], out_size, p.stride, p.padding,
-                              p.dilation).view(m, g, ck, positions)
+        into = None if buf is None else buf[:m].view(m, g * ck, positions)
+        cols = sample_columns(into, input[lo:lo + m], weight_size[2:], out_size,
+                              p.stride, p.padding, p.dilation).view(m, g, ck, positions)
         if out is None:
             parts.append(torch.matmul(gy[lo:lo + m], cols.transpose(2, 3)))
         else:

@@ -39,7 +39,7 @@ from collections.abc import Sequence
 import torch
 
 from convlab.aten import extension
-from convlab.scratch import per_sample
+from convlab.scratch import per_sample, reference
 from convlab.scratch.params import IntOrSeq
 
 __all__ = ["METHODS", "ROUTES", "choose_method", "per_sample_weight_grad"]
@@ -154,7 +154,4 @@ def _loop_serves(input: torch.Tensor, grad_output: torch.Tensor, dim: int) -> bo
         return False
     if torch.is_grad_enabled() and (input.requires_grad or grad_output.requires_grad):
         return False
-    if torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling():
-        return False
-    return not any(torch._C._functorch.is_functorch_wrapped_tensor(t)
-                   for t in (input, grad_output))
+    return all(reference.values_readable(t) for t in (input, grad_output))

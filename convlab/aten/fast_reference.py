@@ -224,9 +224,7 @@ def _plain(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> bool:
     if any(type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad
            or t.dtype != x.dtype for t in (gy, x, w)):
         return False
-    if torch._C._len_torch_dispatch_stack() > 0 or torch.compiler.is_compiling():
-        return False
-    return not torch._C._functorch.is_functorch_wrapped_tensor(x)
+    return reference.values_readable(x)
 
 
 def _fast_allowed(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, form: Form,

@@ -60,7 +60,7 @@ from convlab.scratch.params import (
     check_tensor,
     threads_or_current,
 )
-from convlab.scratch.reference import CHUNK_BYTES, sample_chunks
+from convlab.scratch.reference import CHUNK_BYTES, sample_chunks, values_readable
 
 __all__ = ["GROUPED_CHUNK_BYTES", "METHODS", "ROUTES", "check_args", "choose_method",
            "onednn_block",
@@ -337,9 +337,7 @@ def _im2col(input: torch.Tensor, weight_size: tuple[int, ...], grad_output: torc
     # chunk gets its own columns and product, joined at the end.
     graph = ((torch.is_grad_enabled()
               and (input.requires_grad or grad_output.requires_grad))
-             or torch._C._len_torch_dispatch_stack() > 0
-             or any(torch._C._functorch.is_functorch_wrapped_tensor(t)
-                    for t in (input, grad_output)))
+             or not all(values_readable(t) for t in (input, grad_output)))
     if math.prod(weight_size[2:]) == 1 and all(s == 1 for s in p.stride) \
             and not any(p.padding):
         cols_t = input.reshape(n, g, ck, positions).transpose(2, 3)

@@ -56,7 +56,7 @@ from convlab.scratch.params import (
 )
 
 __all__ = ["all_finite", "check_backward_args", "column_grad_weight", "convolution",
-           "convolution_backward", "gather_operands", "sample_chunks"]
+           "convolution_backward", "gather_operands", "sample_chunks", "values_readable"]
 
 Mask = Sequence[bool]
 Grads = tuple[torch.Tensor | None, torch.Tensor | None, torch.Tensor | None]
@@ -175,7 +175,7 @@ def _grad_input(
     # gather form is an eager-only shortcut: traced code takes the scatter form, exact for
     # every weight, and has no data-dependent branch.
     if (all(s == 1 for s in p.stride) and w.shape[0] <= input_shape[1]
-            and _values_readable(w) and all_finite(w)):
+            and values_readable(w) and all_finite(w)):
         return _grad_input_unit_stride(gy, w, input_shape, p, chunk_bytes)
     kernel, out_size = w.shape[2:], gy.shape[2:]
     w_t = _weight_matrix(w, p.groups).transpose(1, 2)  # [G, C/G*k, K/G]
@@ -189,7 +189,7 @@ def _grad_input(
     return torch.cat(parts) if len(parts) > 1 else parts[0]  # col2im's are contiguous
 
 
-def _values_readable(t: torch.Tensor) -> bool:
+def values_readable(t: torch.Tensor) -> bool:
     """Whether a branch on ``t``'s values is allowed: a plain eager tensor with real data.
 
     False for meta and fake tensors, tensor subclasses, ``torch.func`` wrappers (vmap, grad,

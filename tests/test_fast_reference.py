@@ -8,16 +8,21 @@ groups, stride/dilation/padding, 1-d to 3-d), with every output mask.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import math
 import os
+import pathlib
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 
 import pytest
 import torch
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
+from convlab.aten import extension
 from convlab.aten import fast_reference as fast
 from convlab.lab import paths
 from convlab.scratch import reference
@@ -265,16 +270,33 @@ SAMPLE_CASES = [  # x shape, w shape, stride, padding, dilation, groups
 ]
 
 
+@contextlib.contextmanager
+def torch_threads(n: int) -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+# threads -> driver: one thread, by sample (C++); more threads than samples, batched with
+# chunks of one sample or one chunk for the batch.
+DRIVERS = {"by-sample": (1, 2**30), "batched-one-sample-chunks": (8, 1),
+           "batched-one-chunk": (8, 2**30)}
+
+
 @pytest.mark.parametrize("case", SAMPLE_CASES, ids=lambda c: f"{len(c[0]) - 2}d-{c[1]}")
-@pytest.mark.parametrize("limit", [1, 2**30], ids=["one-sample-chunks", "one-chunk"])
-def test_fast_grad_input_matches_aten(case, limit: int) -> None:
+@pytest.mark.parametrize("driver", list(DRIVERS))
+def test_fast_grad_input_matches_aten(case, driver: str) -> None:
     from convlab.aten import fast_grad_input
 
+    threads, limit = DRIVERS[driver]
     gy, x, w, args = tensors(*case)
     p = ConvParams.for_tensors(x, w, None, *args)
     before = [t.clone() for t in (gy, x, w)]
     want = aten.convolution_backward(gy, x, w, None, *args, [True, False, False])[0]
-    with torch.no_grad():
+    with torch.no_grad(), torch_threads(threads):
         got = fast_grad_input.grad_input(gy, w, x.shape, p, limit)
     torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
     for t, b in zip((gy, x, w), before, strict=True):
@@ -305,6 +327,62 @@ def test_fast_grad_input_refuses_a_transposed_convolution() -> None:
     p = ConvParams.for_tensors(x, w, None, *args)
     with pytest.raises(ValueError, match="transposed"):
         fast_grad_input.grad_input(gy, w, x.shape, p, 2**20)
+
+
+def _mkl_local_threads_after(fn: Callable[[], object], value: int = 3) -> int | None:
+    """MKL's thread-local count of this thread after ``fn()``, when it was ``value``
+    before (None where torch has no MKL); the count is put back after."""
+    lib = pathlib.Path(torch.__file__).parent / "lib" / "libtorch_cpu.so"
+    try:
+        set_local = ctypes.CDLL(str(lib)).MKL_Set_Num_Threads_Local
+    except (OSError, AttributeError):
+        return None
+    set_local.argtypes, set_local.restype = [ctypes.c_int], ctypes.c_int
+    before = set_local(value)
+    try:
+        fn()
+    finally:
+        after = set_local(before)
+    return after
+
+
+def test_grad_input_by_sample_op_matches_aten_at_any_thread_count() -> None:
+    """Per sample one single-threaded GEMM and col2im, as ATen's slow path: float64
+    equal to ATen's slow path, and the same bits at 1, 2 and 3 threads (each sample is
+    made by one thread in a fixed order); MKL's per-thread count is left as it was."""
+    ops = extension.load().ops
+    gy, x, w, args = tensors((5, 6, 9, 8), (8, 3, 3, 2), (2, 1), (1, 0), (1, 2), 2)
+    with torch.backends.mkldnn.flags(enabled=False):
+        want = aten.convolution_backward(gy, x, w, None, *args, [True, False, False])[0]
+    outs = []
+    for n in (1, 2, 3):
+        with torch_threads(n):
+            outs.append(ops.grad_input_by_sample(gy, w, list(x.shape), [2, 1], [1, 0],
+                                                 [1, 2], 2))
+    assert all(torch.equal(o, outs[0]) for o in outs)
+    torch.testing.assert_close(outs[0], want, rtol=1e-13, atol=1e-13)
+    # the op holds MKL to one thread inside its threads and puts the count back
+    run = functools.partial(ops.grad_input_by_sample, gy, w, list(x.shape), [2, 1], [1, 0],
+                            [1, 2], 2)
+    assert _mkl_local_threads_after(run) in (3, None)
+
+
+def test_grad_input_by_sample_op_empty_and_bad_input() -> None:
+    ops = extension.load().ops
+    w, gy = torch.randn(4, 3, 3, 3), torch.randn(0, 4, 5, 5)
+    got = ops.grad_input_by_sample(gy, w, [0, 3, 5, 5], [1, 1], [1, 1], [1, 1], 1)
+    assert got.shape == (0, 3, 5, 5)
+    gy = torch.randn(2, 4, 5, 5)
+    with pytest.raises(RuntimeError, match="does not follow"):
+        ops.grad_input_by_sample(gy, w, [2, 3, 5, 5], [1, 1], [0, 0], [1, 1], 1)
+    with pytest.raises(RuntimeError, match="contiguous"):
+        ops.grad_input_by_sample(gy.transpose(2, 3), w, [2, 3, 5, 5], [1, 1], [1, 1],
+                                 [1, 1], 1)
+    with pytest.raises(RuntimeError, match="groups must divide"):
+        ops.grad_input_by_sample(gy, w, [2, 3, 5, 5], [1, 1], [1, 1], [1, 1], 2)
+    with pytest.raises(RuntimeError, match="float32 or float64"):
+        ops.grad_input_by_sample(gy.half(), w.half(), [2, 3, 5, 5], [1, 1], [1, 1],
+                                 [1, 1], 1)
 
 
 def test_the_im2col_form_is_exact_for_a_non_finite_weight() -> None:

@@ -1,28 +1,34 @@
-"""The fast reference's grad_input: per-sample columns, batched GEMMs, col2im in C++.
+"""The fast reference's grad_input: per-sample columns and col2im, as ATen's slow path.
 
 The simple reference (:mod:`convlab.scratch.reference`) folds the batch into the columns
 (``[G, C/G*k, N*L]``), so each GEMM is one big matrix product, but a product that makes a
 gradient comes out as ``[K, n*L]`` and needs a copy back to ``[n, K, *O]`` per chunk, and
 its col2im is one strided slice-add per kernel offset: ``k^2`` whole-chunk passes, each a
-Python call. Here the columns keep unfold's per-sample layout ``[n, C*k, L]``, as ATen's
-slow path does (one ``[C*k, L]`` matrix per sample):
+Python call. Here the columns keep unfold's per-sample layout ``[C*k, L]``, as ATen's
+slow path does, and col2im is one pass of a small C++ loop (per (sample, channel) plane,
+every column entry added onto the pixel it was copied from, entries that read padding
+dropped), written straight into ``grad_input``. Two drivers:
 
-* the GEMMs ``Wᵀ @ gy[n]`` are batched over the samples of a chunk (``gy`` read as it
-  lies, ``[G, C/G*k, K/G] @ [n, G, K/G, L]``) into one column buffer;
-* col2im is one pass of convlab's C++ loop, ``torch.ops.convlab_ext.col2im_add_``: per
-  (sample, channel) plane, every column entry added onto the pixel it was copied from,
-  entries that read padding dropped, the planes split over threads. It writes straight
-  into ``grad_input`` (no padded copy to crop).
+* **by sample** (at least as many samples as threads): convlab's C++ op
+  ``torch.ops.convlab_ext.grad_input_by_sample`` splits the samples over the threads;
+  each thread makes one sample's columns ``W_gᵀ @ gy[n, g]`` with a single-threaded GEMM
+  into its own buffer and col2im's them at once, while they are still in its core's
+  cache. This is the structure of ATen's ``slow_conv2d_backward``. It needs MKL held to
+  one thread per GEMM inside the parallel region (the op does that per thread, and puts
+  it back): left to itself, MKL ran two threads per GEMM from each of the two threads.
+* **batched** (fewer samples than threads, where splitting samples would idle a
+  thread): the GEMMs of a chunk of samples as one batched ``matmul`` (threaded inside)
+  into one column buffer, then ``torch.ops.convlab_ext.col2im_add_`` over the chunk's
+  planes. A chunk holds as many samples as fit ``limit`` bytes of columns.
 
-One column buffer per call serves every chunk of samples; a chunk holds as many samples
-as fit ``limit`` bytes of columns. The C++ loop replaced ``k^2`` slice-adds per chunk
-(and, with unit stride and no more output than input channels, a gather form: a forward
-of the padded ``gy`` through an ``im2col`` copy of it). On the AMD EPYC (2 threads,
-float32, grad_input alone over ATen's slow path, 8 L2 of columns per chunk) it took the
-5x5 stem from x1.6-1.9 to x1.1-1.2 and the 3-d layer from 8.1 to 6.7 ms, and tied the
-gather where that had run (1-d, resnet14, dilated: x0.97-1.02). grad_weight keeps the
-batch-folded GEMM (one long inner dimension ``N*L``): per-sample products summed over the
-batch were slower on every layer timed (:mod:`convlab.aten.fast_reference`).
+Measured on the AMD EPYC (2 threads, float32, grad_input alone over ATen's slow path,
+interleaved): the batched driver took the 1-d layer x1.15-1.38 and resnet14 x1.14-1.22
+(its columns pass through memory between the GEMM and col2im, and its GEMMs split thin
+matrices over threads); by sample took them to x0.96-1.08 and x1.02, the 3x3 64-channel
+layer from x1.09-1.18 to x0.96-1.07, and the 3-d layer to x0.47 of ATen's (whose 3-d
+path is not this one). grad_weight keeps the batch-folded GEMM (one long inner dimension
+``N*L``): per-sample products summed over the batch were slower on every layer timed
+(:mod:`convlab.aten.fast_reference`).
 """
 
 from __future__ import annotations
@@ -53,6 +59,11 @@ def grad_input(gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],
         raise ValueError("grad_input serves normal convolutions (a transposed one's "
                          "grad_input is a forward)")
     n, k, g, c = gy.shape[0], gy.shape[1], p.groups, input_shape[1]
+    ops = extension.load().ops
+    if n >= torch.get_num_threads():
+        return ops.grad_input_by_sample(gy.contiguous(), w.contiguous(), list(input_shape),
+                                        list(p.stride), list(p.padding), list(p.dilation),
+                                        g)
     kernel, out_size = list(w.shape[2:]), list(gy.shape[2:])
     ck, positions = c // g * math.prod(kernel), math.prod(out_size)
     w_t = w.reshape(g, k // g, ck).transpose(1, 2)  # [G, C/G*k, K/G]
@@ -62,10 +73,9 @@ def grad_input(gy: torch.Tensor, w: torch.Tensor, input_shape: Sequence[int],
     slices = reference.sample_chunks(
         n, c * math.prod(kernel) * positions * gy.element_size(), limit)
     buf = gy.new_empty(min(slices[0].stop, n), g, ck, positions)
-    col2im_add_ = extension.load().ops.col2im_add_
     for s in slices:
         m = min(s.stop, n) - s.start
         cols = torch.matmul(w_t, gy[s].reshape(m, g, k // g, positions), out=buf[:m])
-        col2im_add_(gi[s].view(m * c, *input_shape[2:]), cols.view(m * c, -1), kernel,
-                    out_size, list(p.stride), list(p.padding), list(p.dilation))
+        ops.col2im_add_(gi[s].view(m * c, *input_shape[2:]), cols.view(m * c, -1), kernel,
+                        out_size, list(p.stride), list(p.padding), list(p.dilation))
     return gi

@@ -19,14 +19,14 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
   roles of the normal one it transposes: its grad_input is that convolution's forward
   (``Y[:] += X[o_t:] @ W_t^T`` per tap), its grad_weight that convolution's grad_weight.
 * ``"im2col"``: grad_input from :mod:`convlab.aten.fast_grad_input` (per-sample columns,
-  ATen's slow-path layout, GEMMs batched over the samples into one column buffer per
-  call, and col2im in one pass of a small C++ loop, ``torch.ops.convlab_ext.col2im_add_``,
-  straight into the result), grad_weight from the simple reference's batch-folded GEMM;
-  both in chunks of ``L2_PER_CHUNK`` times :func:`convlab.aten.cpu_cache.l2_cache_bytes`
-  of columns (scaled to the machine, not a constant). For float32/float64 plain tensors
-  of a normal convolution; the rest (transposed, whose simple form makes both gradients
-  from one pass over the columns, reduced precision, autograd, traced) take the simple
-  form,
+  ATen's slow-path layout, and col2im in one pass of a small C++ loop straight into the
+  result; with at least as many samples as threads, each thread takes whole samples, a
+  single-threaded GEMM and col2im per sample, as ATen's slow path does), grad_weight
+  from the simple reference's batch-folded GEMM; both in chunks of ``L2_PER_CHUNK``
+  times :func:`convlab.aten.cpu_cache.l2_cache_bytes` of columns (scaled to the
+  machine, not a constant). For float32/float64 plain tensors of a normal convolution;
+  the rest (transposed, whose simple form makes both gradients from one pass over the
+  columns, reduced precision, autograd, traced) take the simple form,
   :func:`convlab.scratch.reference.convolution_backward`, with the same chunks.
 * ``"depthwise"``: one fused pass of a small C++ loop in convlab's extension
   (``torch.ops.convlab_ext.depthwise2d_backward``: per channel and sample, every tap
@@ -76,6 +76,8 @@ SHIFT_MAX_OVERHEAD = 1.2
 # 4: 1.06, 0.91, 0.96, 1.07; 8: 0.89, 0.84, 0.67, 1.00; 16 and 32 no better than 8. With
 # grad_input's col2im in C++ (grad_input alone over ATen's, cifar5, conv1d, resnet14),
 # 2 L2: 1.20, 1.03, 0.94; 4: 1.10, 1.07, 0.97; 8: 1.09, 1.15, 0.99; 16: 1.18, 1.20, 1.25.
+# grad_input by sample (at least as many samples as threads) needs no budget: it holds one
+# sample's columns per thread.
 L2_PER_CHUNK = 8
 _FAST_DTYPES = (torch.float32, torch.float64)
 

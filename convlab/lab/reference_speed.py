@@ -42,8 +42,8 @@ ALL_MASK = [True, True, True]
 # What the fast im2col form was when a section was taken (sections without the key timed
 # the first one: the simple reference with 4 L2 of columns per chunk; a section with
 # another value, a form since replaced).
-IM2COL_FORM = (f"grad_input from per-sample columns and a C++ col2im, "
-               f"{fast_reference.L2_PER_CHUNK} L2 of columns per chunk")
+IM2COL_FORM = (f"grad_input by sample in C++ (one GEMM and col2im per sample and "
+               f"thread), {fast_reference.L2_PER_CHUNK} L2 of columns per chunk")
 
 
 def layers(quick: bool = False) -> list[Layer]:

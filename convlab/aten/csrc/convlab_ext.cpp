@@ -11,11 +11,12 @@
 // or CUDA (cuDNN, ...) implementation from the tensors' device. No CUDA code is
 // compiled here.
 //
-// depthwise2d_backward, col2im_add_ and per_sample_weight_grad are convlab's
-// own CPU loops (no ATen conv kernel): the fused one-pass backward of a 2-d
-// depthwise convolution, and col2im (every column entry added back onto the
-// pixel it was copied from) in one pass, that convlab.aten.fast_reference
-// uses; and every sample's weight gradient without a column buffer, that
+// depthwise2d_backward, col2im_add_, grad_input_by_sample and
+// per_sample_weight_grad are convlab's own CPU code (no ATen conv kernel): the
+// fused one-pass backward of a 2-d depthwise convolution; col2im (every column
+// entry added back onto the pixel it was copied from) in one pass, alone or
+// after each sample's GEMM, that convlab.aten.fast_reference uses for
+// grad_input; and every sample's weight gradient without a column buffer, that
 // convlab.aten.fast_per_sample uses.
 
 #include <ATen/Dispatch.h>
@@ -24,6 +25,7 @@
 #include <ATen/core/grad_mode.h>
 #include <ATen/ops/empty.h>
 #include <ATen/ops/mm.h>
+#include <ATen/ops/zeros.h>
 #include <ATen/ops/zeros_like.h>
 #include <ATen/ops/_slow_conv2d_backward.h>
 #include <ATen/ops/convolution_backward.h>
@@ -34,8 +36,10 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -501,6 +505,171 @@ at::Tensor& col2im_add_(at::Tensor& out, const at::Tensor& cols,
   return out;
 }
 
+// MKL (linked into libtorch_cpu on x86) threads each GEMM by its own count,
+// also when the GEMM is called from inside one of ATen's parallel regions
+// (at::set_num_threads sets that count per thread and turns MKL's dynamic
+// adjustment off): two threads each calling at::mm_out ran two GEMM threads
+// each on two cores (measured: the per-sample columns' GEMMs of a 5x5 stem
+// took x1.4 of their time with MKL_NUM_THREADS=1). SerialBlas sets the calling thread's
+// MKL count to one for its life and restores it after (MKL's thread-local
+// setting, MKL_Set_Num_Threads_Local, the C entry that mkl.h's lower-case
+// name stands for; a no-op where torch has no MKL).
+extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
+struct SerialBlas {
+  int previous = 0;
+  SerialBlas() {
+    if (MKL_Set_Num_Threads_Local) previous = MKL_Set_Num_Threads_Local(1);
+  }
+  ~SerialBlas() {
+    if (MKL_Set_Num_Threads_Local) MKL_Set_Num_Threads_Local(previous);
+  }
+  SerialBlas(const SerialBlas&) = delete;
+  SerialBlas& operator=(const SerialBlas&) = delete;
+};
+
+// The Fortran GEMMs libtorch_cpu exports (MKL's on x86, the ones ATen's
+// slow path calls), reached directly: through at::mm_out each per-sample
+// product paid the dispatcher and four tensor views, about a tenth of a
+// 5x5 stem's grad_input at one thread. Weak: where they are absent, or a
+// size does not fit BLAS's int, blas_cols falls back to at::mm_out.
+extern "C" void sgemm_(const char*, const char*, const int*, const int*,
+                       const int*, const float*, const float*, const int*,
+                       const float*, const int*, const float*, float*,
+                       const int*) __attribute__((weak));
+extern "C" void dgemm_(const char*, const char*, const int*, const int*,
+                       const int*, const double*, const double*, const int*,
+                       const double*, const int*, const double*, double*,
+                       const int*) __attribute__((weak));
+
+// cols [ck, L] = w_g^T @ g, w_g [kg, ck] and g [kg, L] row-major (one
+// sample's group): in BLAS's column-major terms cols^T = g^T @ w_g, the call
+// of ATen's slow_conv2d_backward_update_grad_input_frame.
+template <typename T>
+bool blas_cols(int64_t ck, int64_t L, int64_t kg, const T* w_g, const T* g,
+               T* cols) {
+  constexpr int64_t kMax = std::numeric_limits<int>::max();
+  if (ck > kMax || L > kMax || kg > kMax) return false;
+  const int m = static_cast<int>(L), n = static_cast<int>(ck),
+            k = static_cast<int>(kg);
+  const T one = 1, zero = 0;
+  if constexpr (std::is_same_v<T, float>) {
+    if (!sgemm_) return false;
+    sgemm_("N", "T", &m, &n, &k, &one, g, &m, w_g, &n, &zero, cols, &m);
+  } else {
+    if (!dgemm_) return false;
+    dgemm_("N", "T", &m, &n, &k, &one, g, &m, w_g, &n, &zero, cols, &m);
+  }
+  return true;
+}
+
+// grad_input [N, C, *size] of a (non-transposed) convolution, 1-3 spatial
+// dims, from grad_output [N, K, *o] and weight [K, C/groups, *kernel]: as
+// ATen's slow path does it, the samples split over threads, and per sample
+// the columns W_g^T @ grad_output_g of every group into the thread's own
+// buffer (one sample's columns, [C * taps, positions]), then col2im of its C
+// planes into grad_input. The GEMMs inside a thread are single-threaded, so
+// each thread's columns stay in its core's cache between the GEMM and col2im.
+at::Tensor grad_input_by_sample(const at::Tensor& grad_output,
+                                const at::Tensor& weight,
+                                at::IntArrayRef input_size,
+                                at::IntArrayRef stride,
+                                at::IntArrayRef padding,
+                                at::IntArrayRef dilation, int64_t groups) {
+  const int64_t dim = weight.dim() - 2;
+  TORCH_CHECK(dim >= 1 && dim <= 3 && grad_output.dim() == dim + 2 &&
+                  input_size.size() == static_cast<size_t>(dim + 2),
+              "grad_input_by_sample: grad_output [N, K, *o], weight "
+              "[K, C/groups, *kernel] and input_size [N, C, *size] need the "
+              "same 1 to 3 spatial dims");
+  TORCH_CHECK(stride.size() == static_cast<size_t>(dim) &&
+                  padding.size() == static_cast<size_t>(dim) &&
+                  dilation.size() == static_cast<size_t>(dim),
+              "grad_input_by_sample: stride, padding and dilation need ", dim,
+              " values each (one per spatial dim)");
+  TORCH_CHECK(grad_output.device().is_cpu() && weight.device().is_cpu(),
+              "grad_input_by_sample: CPU only");
+  TORCH_CHECK(grad_output.scalar_type() == weight.scalar_type() &&
+                  (weight.scalar_type() == at::kFloat ||
+                   weight.scalar_type() == at::kDouble),
+              "grad_input_by_sample: grad_output and weight must both be "
+              "float32 or float64");
+  TORCH_CHECK(grad_output.is_contiguous() && weight.is_contiguous(),
+              "grad_input_by_sample: grad_output and weight must be "
+              "contiguous");
+  const int64_t N = input_size[0], C = input_size[1], K = weight.size(0);
+  TORCH_CHECK(groups > 0 && C % groups == 0 && K % groups == 0 &&
+                  weight.size(1) * groups == C && grad_output.size(0) == N &&
+                  grad_output.size(1) == K,
+              "grad_input_by_sample: groups must divide C and K, weight must "
+              "be [K, C/groups, *kernel] and grad_output [N, K, *o]");
+  std::array<int64_t, 3> k{1, 1, 1}, o{1, 1, 1}, s{1, 1, 1}, p{0, 0, 0},
+      d{1, 1, 1}, size{1, 1, 1};
+  for (int64_t i = 0; i < dim; ++i) {
+    const int64_t j = 3 - dim + i;
+    k[j] = weight.size(2 + i);
+    o[j] = grad_output.size(2 + i);
+    s[j] = stride[i];
+    p[j] = padding[i];
+    d[j] = dilation[i];
+    size[j] = input_size[2 + i];
+    TORCH_CHECK(s[j] > 0 && d[j] > 0 && p[j] >= 0 && size[j] >= 0,
+                "grad_input_by_sample: stride and dilation must be positive, "
+                "padding and input_size not negative");
+    const int64_t span = size[j] + 2 * p[j] - d[j] * (k[j] - 1) - 1;
+    TORCH_CHECK(o[j] == (span < 0 ? 0 : span / s[j] + 1),
+                "grad_input_by_sample: grad_output's spatial size does not "
+                "follow from input_size, the kernel, stride, padding and "
+                "dilation");
+  }
+  auto gi = at::zeros(input_size, weight.options());
+  const int64_t taps = k[0] * k[1] * k[2];
+  const int64_t positions = o[0] * o[1] * o[2];
+  const int64_t plane = size[0] * size[1] * size[2];
+  if (gi.numel() == 0 || positions == 0 || K == 0) return gi;
+  at::NoGradGuard no_grad;  // the result is not differentiable
+  const int64_t cpg = C / groups, k_g = K / groups, ck = cpg * taps;
+  const int64_t per_plane = taps * positions;
+  const auto wt = weight.view({groups, k_g, ck});
+  const auto gv = grad_output.view({N, groups, k_g, positions});
+  const int64_t runs = std::min<int64_t>(at::get_num_threads(), N);
+  AT_DISPATCH_FLOATING_TYPES(weight.scalar_type(), "grad_input_by_sample",
+                             [&] {
+    scalar_t* gip = gi.data_ptr<scalar_t>();
+    const scalar_t* wp = weight.const_data_ptr<scalar_t>();
+    const scalar_t* gp = grad_output.const_data_ptr<scalar_t>();
+    const Col2imFn<scalar_t> loop = pick_col2im<scalar_t>();
+    at::parallel_for(0, runs, 1, [&](int64_t begin, int64_t end) {
+      at::NoGradGuard no_grad_here;  // grad mode is per thread
+      const SerialBlas serial;
+      for (int64_t run = begin; run < end; ++run) {
+        // the run's columns, allocated by its own thread as ATen's slow path
+        // does (one buffer of the calling thread, sliced per run, took x1.2-1.6
+        // of ATen's time on the 5x5 stem at two threads in three of four
+        // interleaved runs; this, x0.85-0.98)
+        const at::Tensor buf = at::empty({C * per_plane}, weight.options());
+        scalar_t* bp = buf.data_ptr<scalar_t>();
+        for (int64_t n = run * N / runs; n < (run + 1) * N / runs; ++n) {
+          for (int64_t g = 0; g < groups; ++g) {
+            scalar_t* cp = bp + g * ck * positions;
+            if (!blas_cols<scalar_t>(ck, positions, k_g,
+                                     wp + g * k_g * ck,
+                                     gp + (n * K + g * k_g) * positions, cp)) {
+              auto cols = buf.narrow(0, g * ck * positions, ck * positions)
+                              .view({ck, positions});
+              at::mm_out(cols, wt[g].t(), gv[n][g]);
+            }
+          }
+          for (int64_t c = 0; c < C; ++c) {
+            loop(bp + c * per_plane, gip + (n * C + c) * plane, k.data(),
+                 o.data(), s.data(), p.data(), d.data(), size.data());
+          }
+        }
+      }
+    });
+  });
+  return gi;
+}
+
 // Values of one block of tap rows (taps * rows * o[2] filled, or K/G rows of gpad, at least one row).
 constexpr int64_t kRowBlock = 16384;
 
@@ -846,6 +1015,7 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
       auto gemm = [&](int64_t i, const at::Tensor& buf, int64_t r0,
                       int64_t r1, int64_t k0, int64_t k1) {
         at::NoGradGuard no_grad_here;  // grad mode is per thread
+        const SerialBlas serial;       // one GEMM per thread
         const int64_t len = (r1 - r0) * o[2];
         auto cols = buf.narrow(0, 0, cpg * taps * len).view({cpg * taps, len});
         auto gy = gv[i].narrow(1, r0 * o[2], len).narrow(0, k0, k1 - k0);
@@ -917,7 +1087,11 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
         geo.unit_stride
             ? k_g * (((flat_rows - 1) * P2 + o[2] + vmax - 1) / vmax * vmax)
             : 0;
-    const int64_t rows_size = taps * std::min(geo.block, o[0] * o[1]) * o[2];
+    // filled tap rows serve strides above 1 and non-finite planes; a call
+    // whose planes all take the flat form holds no room for them
+    const bool fills = !geo.unit_stride || !all_finite(xp, N * C * plane);
+    const int64_t rows_size =
+        fills ? taps * std::min(geo.block, o[0] * o[1]) * o[2] : 0;
     const int64_t per_run = rows_size + xpad_size + gpad_size;
     // the planes split into runs, one buffer each
     const int64_t runs = std::min<int64_t>(at::get_num_threads(), N * C);
@@ -1060,6 +1234,11 @@ TORCH_LIBRARY(convlab_ext, m) {
       "int[] kernel_size, int[] stride, int[] padding, int[] dilation, "
       "int groups) -> Tensor",
       &per_sample_weight_grad);
+  m.def(
+      "grad_input_by_sample(Tensor grad_output, Tensor weight, "
+      "int[] input_size, int[] stride, int[] padding, int[] dilation, "
+      "int groups) -> Tensor",
+      &grad_input_by_sample);
   m.def(
       "col2im_add_(Tensor(a!) out, Tensor cols, int[] kernel_size, "
       "int[] output_size, int[] stride, int[] padding, int[] dilation) -> "

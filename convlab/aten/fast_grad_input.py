@@ -22,11 +22,14 @@ dropped), written straight into ``grad_input``. Two drivers:
   planes. A chunk holds as many samples as fit ``limit`` bytes of columns.
 
 Measured on the AMD EPYC (2 threads, float32, grad_input alone over ATen's slow path,
-interleaved): the batched driver took the 1-d layer x1.15-1.38 and resnet14 x1.14-1.22
-(its columns pass through memory between the GEMM and col2im, and its GEMMs split thin
-matrices over threads); by sample took them to x0.96-1.08 and x1.02, the 3x3 64-channel
-layer from x1.09-1.18 to x0.96-1.07, and the 3-d layer to x0.47 of ATen's (whose 3-d
-path is not this one). grad_weight keeps the batch-folded GEMM (one long inner dimension
+interleaved, a noisy shared machine): the batched driver took the 1-d layer x1.05-1.38
+and resnet14 x1.14-1.25 (its columns pass through memory between the GEMM and col2im,
+and its GEMMs split thin matrices over threads); by sample, x1.10-1.11 and x1.04, the
+3x3 64-channel layer x0.92, the 3-d layer x0.45 (ATen's 3-d path is not this one), and
+the 3-channel 5x5 stem x0.96-0.98 once each thread allocated its own columns (x1.2-1.6
+with one buffer of the calling thread, sliced per thread). In the whole backward
+(records' ``reference_speed``) the 1-d layer stays x1.03-1.14 behind ATen's.
+grad_weight keeps the batch-folded GEMM (one long inner dimension
 ``N*L``): per-sample products summed over the batch were slower on every layer timed
 (:mod:`convlab.aten.fast_reference`).
 """

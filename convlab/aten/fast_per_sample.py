@@ -70,13 +70,13 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     wider groups beyond 3x3. Fitted on the ``per_sample_auto`` sweeps
     (:mod:`convlab.lab.per_sample_auto`, every route and the loop timed at every point)
     of the 2-core AMD EPYC (cpuid family 25, model 17) at its AVX-512-BF16, AVX-512, AVX2
-    and SSE4.1 settings: on those 120 points per setting (the fit's own data) the route
-    it picks is within 10 % of the fastest at 105, 104, 107 and 103, worst x1.70, x1.41,
-    x1.64 and x1.63 (at the first three settings a 1x1 kernel, where im2col reads the
-    input in place and the loop, faster there, holds its buffers). Against the scratch
-    rule alone on the same sweeps its route takes x0.82, x0.81, x0.79 and x0.80 of the
-    time (geometric means; at best x0.19-0.22, at worst x1.11-1.63) and x0.66, x0.66,
-    x0.66 and x0.35 of the peak memory.
+    and SSE4.1 settings. On the sweeps stored now (120 points per setting, re-taken after
+    the fit), the route it picks is within 10 % of the fastest at 105, 108, 106 and 109,
+    worst x1.58, x1.40, x2.07 and x1.54 (each a 1x1 kernel with one sample, where im2col
+    reads the input in place and the loop, faster there, holds its buffers). Against the
+    scratch rule alone on the same sweeps its route takes x0.83, x0.83, x0.80 and x0.78
+    of the time (geometric means; at best x0.18-0.24, at worst x1.30-1.49) and x0.51,
+    x0.51, x0.51 and x0.26 of the peak memory.
     """
     route = per_sample.choose_method(n, channels_per_group, kernel, dtype, block, threads,
                                      groups)

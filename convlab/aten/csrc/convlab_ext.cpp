@@ -437,6 +437,21 @@ Col2imFn<T> pick_col2im() {
   return &col2im_default<T>;
 }
 
+// The checks every one of convlab's CPU loops makes of its two tensors: CPU,
+// one dtype, float32 or float64, contiguous (messages name the op and both).
+void check_cpu_float_pair(const char* op, const at::Tensor& a,
+                          const char* a_name, const at::Tensor& b,
+                          const char* b_name) {
+  TORCH_CHECK(a.device().is_cpu() && b.device().is_cpu(), op, ": CPU only");
+  TORCH_CHECK(a.scalar_type() == b.scalar_type() &&
+                  (a.scalar_type() == at::kFloat ||
+                   a.scalar_type() == at::kDouble),
+              op, ": ", a_name, " and ", b_name,
+              " must both be float32 or float64");
+  TORCH_CHECK(a.is_contiguous() && b.is_contiguous(), op, ": ", a_name,
+              " and ", b_name, " must be contiguous");
+}
+
 // out [P, *size] += col2im(cols [P, prod(kernel) * prod(output_size)]), 1-3
 // spatial dims: P independent planes (samples times channels), split over
 // threads, so every pixel is summed by one thread in a fixed order.
@@ -455,14 +470,7 @@ at::Tensor& col2im_add_(at::Tensor& out, const at::Tensor& cols,
                   dilation.size() == static_cast<size_t>(dim),
               "col2im_add_: kernel_size, output_size, stride, padding and "
               "dilation need ", dim, " values each (one per spatial dim)");
-  TORCH_CHECK(out.device().is_cpu() && cols.device().is_cpu(),
-              "col2im_add_: CPU only");
-  TORCH_CHECK(out.scalar_type() == cols.scalar_type() &&
-                  (out.scalar_type() == at::kFloat ||
-                   out.scalar_type() == at::kDouble),
-              "col2im_add_: out and cols must both be float32 or float64");
-  TORCH_CHECK(out.is_contiguous() && cols.is_contiguous(),
-              "col2im_add_: out and cols must be contiguous");
+  check_cpu_float_pair("col2im_add_", out, "out", cols, "cols");
   std::array<int64_t, 3> k{1, 1, 1}, o{1, 1, 1}, s{1, 1, 1}, p{0, 0, 0},
       d{1, 1, 1}, size{1, 1, 1};
   for (int64_t i = 0; i < dim; ++i) {
@@ -510,10 +518,10 @@ at::Tensor& col2im_add_(at::Tensor& out, const at::Tensor& cols,
 // (at::set_num_threads sets that count per thread and turns MKL's dynamic
 // adjustment off): two threads each calling at::mm_out ran two GEMM threads
 // each on two cores (measured: the per-sample columns' GEMMs of a 5x5 stem
-// took x1.4 of their time with MKL_NUM_THREADS=1). SerialBlas sets the calling thread's
-// MKL count to one for its life and restores it after (MKL's thread-local
-// setting, MKL_Set_Num_Threads_Local, the C entry that mkl.h's lower-case
-// name stands for; a no-op where torch has no MKL).
+// took x1.4 of their time with MKL_NUM_THREADS=1). SerialBlas sets the
+// calling thread's MKL count to one for its life and restores it after
+// (MKL's thread-local setting, MKL_Set_Num_Threads_Local, the C entry that
+// mkl.h's lower-case name stands for; a no-op where torch has no MKL).
 extern "C" int MKL_Set_Num_Threads_Local(int) __attribute__((weak));
 struct SerialBlas {
   int previous = 0;
@@ -586,16 +594,8 @@ at::Tensor grad_input_by_sample(const at::Tensor& grad_output,
                   dilation.size() == static_cast<size_t>(dim),
               "grad_input_by_sample: stride, padding and dilation need ", dim,
               " values each (one per spatial dim)");
-  TORCH_CHECK(grad_output.device().is_cpu() && weight.device().is_cpu(),
-              "grad_input_by_sample: CPU only");
-  TORCH_CHECK(grad_output.scalar_type() == weight.scalar_type() &&
-                  (weight.scalar_type() == at::kFloat ||
-                   weight.scalar_type() == at::kDouble),
-              "grad_input_by_sample: grad_output and weight must both be "
-              "float32 or float64");
-  TORCH_CHECK(grad_output.is_contiguous() && weight.is_contiguous(),
-              "grad_input_by_sample: grad_output and weight must be "
-              "contiguous");
+  check_cpu_float_pair("grad_input_by_sample", grad_output, "grad_output",
+                       weight, "weight");
   const int64_t N = input_size[0], C = input_size[1], K = weight.size(0);
   TORCH_CHECK(groups > 0 && C % groups == 0 && K % groups == 0 &&
                   weight.size(1) * groups == C && grad_output.size(0) == N &&
@@ -803,6 +803,7 @@ struct GradwGeometry {
   int64_t stride_k;  // result values per output channel (C/G * taps)
   int64_t block;     // output rows per filled block
   bool unit_stride;
+  bool finite;       // every plane finite (checked once per call)
 };
 
 // One thread's buffers, slices of one tensor the call allocates up front
@@ -831,7 +832,7 @@ inline __attribute__((always_inline)) void grad_weight_plane(
   const int64_t positions = o[0] * o[1] * o[2];
   const int64_t plane = size[0] * size[1] * size[2];
   buf.ptr.resize(taps);
-  if (geo.unit_stride && all_finite(x, plane)) {
+  if (geo.unit_stride && (geo.finite || all_finite(x, plane))) {
     const int64_t P1 = size[1] + 2 * p[1], P2 = size[2] + 2 * p[2];
     const int64_t P0 = size[0] + 2 * p[0];
     T* xpad = buf.xpad;  // P0 * P1 * P2 values and V zeros past the end
@@ -941,16 +942,8 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
                   dilation.size() == static_cast<size_t>(dim),
               "per_sample_weight_grad: kernel_size, stride, padding and "
               "dilation need ", dim, " values each (one per spatial dim)");
-  TORCH_CHECK(input.device().is_cpu() && grad_output.device().is_cpu(),
-              "per_sample_weight_grad: CPU only");
-  TORCH_CHECK(input.scalar_type() == grad_output.scalar_type() &&
-                  (input.scalar_type() == at::kFloat ||
-                   input.scalar_type() == at::kDouble),
-              "per_sample_weight_grad: input and grad_output must both be "
-              "float32 or float64");
-  TORCH_CHECK(input.is_contiguous() && grad_output.is_contiguous(),
-              "per_sample_weight_grad: input and grad_output must be "
-              "contiguous");
+  check_cpu_float_pair("per_sample_weight_grad", input, "input", grad_output,
+                       "grad_output");
   const int64_t N = input.size(0), C = input.size(1), K = grad_output.size(1);
   TORCH_CHECK(groups > 0 && C % groups == 0 && K % groups == 0 &&
                   grad_output.size(0) == N,
@@ -1069,7 +1062,7 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
   GradwGeometry geo{k.data(), o.data(), s.data(), p.data(), d.data(),
                     size.data(), k_g, cpg * taps,
                     std::max<int64_t>(1, kRowBlock / (taps * o[2])),
-                    s[0] == 1 && s[1] == 1 && s[2] == 1};
+                    s[0] == 1 && s[1] == 1 && s[2] == 1, false};
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "per_sample_weight_grad",
                              [&] {
     const scalar_t* xp = input.const_data_ptr<scalar_t>();
@@ -1089,7 +1082,8 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
             : 0;
     // filled tap rows serve strides above 1 and non-finite planes; a call
     // whose planes all take the flat form holds no room for them
-    const bool fills = !geo.unit_stride || !all_finite(xp, N * C * plane);
+    geo.finite = geo.unit_stride && all_finite(xp, N * C * plane);
+    const bool fills = !geo.finite;
     const int64_t rows_size =
         fills ? taps * std::min(geo.block, o[0] * o[1]) * o[2] : 0;
     const int64_t per_run = rows_size + xpad_size + gpad_size;

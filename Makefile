@@ -83,7 +83,7 @@ notebooks: $(STAMP)
 	$(PY) scripts/run_notebooks.py $(NB)
 
 gpu-check:
-	$(PYTHON) scripts/gpu_check.py
+	$(PYTHON) scripts/gpu_check.py --store book/data/gpu
 
 bench: $(STAMP)
 	$(PY) -m convlab bench

@@ -1,12 +1,16 @@
 """`make gpu-check`: the CUDA tests and every chapter of the book, on a CUDA machine.
 
-Usage: python3 scripts/gpu_check.py [--allow-cpu] [--skip-tests] [--timeout S] [book/x.ipynb ...]
+Usage: python3 scripts/gpu_check.py [--allow-cpu] [--skip-tests] [--store DIR] [--timeout S]
+[book/x.ipynb ...]
 
 1. ``pytest -m cuda tests/`` (test files whose imports are missing here are left out, and
    listed);
 2. every notebook of ``_toc.yml`` (or the ones given), run as a plain Python script on the
    GPU: errors fail, outputs are not compared;
-3. a summary: each step's pass/fail and time, and which backend ATen selects on CUDA for a
+3. with ``--store DIR`` (``make gpu-check`` passes ``book/data/gpu``), the CUDA claims of
+   :mod:`convlab.lab.claims.cuda`, run and written to ``DIR/<device>.json``, which the
+   book shows on machines without a GPU;
+4. a summary: each step's pass/fail and time, and which backend ATen selects on CUDA for a
    few common convolutions (cuDNN or not).
 
 Needs only torch, numpy, matplotlib and pytest: no Jupyter stack, no network. Notebooks are
@@ -35,7 +39,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 # Cell magics whose body is still Python (time it, capture its output); others are skipped.
 PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun"}
-# Jupyter builtins that plain Python lacks: a notebook may call display() freely.
+# Jupyter builtins that plain Python lacks: a notebook may call display() freely, and
+# import IPython's display() and get_ipython() where IPython itself is not installed.
 PRELUDE = '''\
 import builtins as _builtins
 if not hasattr(_builtins, "display"):
@@ -43,6 +48,18 @@ if not hasattr(_builtins, "display"):
         for obj in objs:
             print(obj)
     _builtins.display = _display
+try:
+    import IPython.display
+except ImportError:
+    import sys as _sys
+    import types as _types
+    _ipython = _types.ModuleType("IPython")
+    _ipython.display = _types.ModuleType("IPython.display")
+    _ipython.display.display = _builtins.display
+    _ipython.get_ipython = lambda: None
+    _ipython.version_info = (8, 24, 0)  # matplotlib reads it; from 8.24 on it asks no more
+    _sys.modules.update({"IPython": _ipython, "IPython.display": _ipython.display})
+    del _sys, _types, _ipython
 del _builtins
 '''
 
@@ -217,7 +234,27 @@ def _missing_imports(path: Path, root: Path = ROOT, _seen: set[Path] | None = No
             if sibling.parent == path.parent and sibling.suffix == ".py" and sibling not in seen:
                 seen.add(sibling)  # e.g. `from test_reference import CASES`
                 missing += [m for m in _missing_imports(sibling, root, seen) if m not in missing]
+    for script in _loaded_by_path(path, root):  # e.g. scripts/old_torch_runs.py
+        if script not in seen:
+            seen.add(script)
+            missing += [m for m in _missing_imports(script, root, seen) if m not in missing]
     return missing
+
+
+def _loaded_by_path(path: Path, root: Path = ROOT) -> list[Path]:
+    """The checkout's Python files that ``path`` loads by file name through
+    ``importlib.util.spec_from_file_location`` (looked up in ``scripts/`` and next to it)."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        func = node.func if isinstance(node, ast.Call) else None
+        if getattr(func, "attr", getattr(func, "id", None)) != "spec_from_file_location":
+            continue
+        for const in ast.walk(node):
+            if isinstance(const, ast.Constant) and str(const.value).endswith(".py"):
+                found += [p for p in (root / "scripts" / str(const.value),
+                                      path.parent / str(const.value))
+                          if p.is_file() and p not in found]
+    return found
 
 
 def run_cuda_tests(timeout: float, root: Path = ROOT) -> tuple[Result, list[str]]:
@@ -312,6 +349,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-cpu", action="store_true",
                         help="run even without CUDA (to test this script on CPU)")
     parser.add_argument("--skip-tests", action="store_true", help="do not run pytest -m cuda")
+    parser.add_argument("--store", type=Path, default=None, metavar="DIR",
+                        help="also run the CUDA claims and store them in DIR as "
+                        "<device>.json (book/data/gpu; convlab.lab.claims.gpu_runs)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds allowed per notebook and for the test run (default 600)")
     args = parser.parse_args(argv)
@@ -346,6 +386,20 @@ def main(argv: list[str] | None = None) -> int:
         results.append(result)
         if not result.ok and result.log:
             notes.append(f"{result.name}, end of stderr:\n{result.log[-3000:]}")
+
+    if args.store is not None and has_cuda:
+        start = time.perf_counter()
+        try:
+            sys.path.insert(0, str(ROOT))
+            from convlab.lab.claims import gpu_runs
+            steps = {r.name: ("PASS" if r.ok else "FAIL") + (f": {r.detail}" if r.detail
+                                                             else "") for r in results}
+            where = gpu_runs.store(gpu_runs.run_here(steps), args.store)
+            results.append(Result("CUDA claims stored", True, time.perf_counter() - start,
+                                  str(where)))
+        except Exception as exc:  # the summary must still print
+            results.append(Result("CUDA claims stored", False,
+                                  time.perf_counter() - start, str(exc)[:200]))
 
     print("\n== gpu-check summary ==")
     for r in results:

@@ -220,7 +220,7 @@ def test_cli_json_schema(monkeypatch: pytest.MonkeyPatch,
     assert set(data) == {"machine", "claims"}
     assert [c["id"] for c in data["claims"]] == ["ch7_a", "ch7_b"]
     keys = {"id", "chapter", "sentence", "condition", "status", "evidence", "detail",
-            "records_agree", "records_differ"}
+            "records_agree", "records_differ", "gpu_runs"}
     for c in data["claims"]:
         assert set(c) == keys and c["chapter"] == 7
     assert data["claims"][1]["status"] == core.FAILS
@@ -286,8 +286,27 @@ def test_cuda_checks_run_their_code_on_a_cpu_stand_in(monkeypatch: pytest.Monkey
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
-    monkeypatch.setattr(cuda, "_cuda", lambda *shape, seed=0, dtype=torch.float32:
-                        probe.randn(*shape, seed=seed, dtype=dtype))
+    monkeypatch.setattr(cuda, "DEVICE", "cpu")
     monkeypatch.setattr(claims, "CLAIMS", cuda.CLAIMS)
+    small = {name: (2, min(c_in, 8), 8, 12, k, s, p)  # the GPU's layers, shrunk for a CPU
+             for name, (_, c_in, _, _, k, s, p) in cuda.REPEAT_LAYERS.items()}
+    monkeypatch.setattr(cuda, "REPEAT_LAYERS", small)
     for out in claims.evaluate():
         assert not out.evidence.startswith("check raised"), (out.claim_id, out.evidence)
+
+
+def test_cli_names_the_stored_gpu_runs_of_a_cuda_claim(monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture[str]
+                                                       ) -> None:
+    from convlab.lab.claims import gpu_runs
+
+    monkeypatch.setattr(claims, "CLAIMS", (fake("ch10_cuda_tf32_deterministic",
+                                                core.CANNOT, 10),))
+    run = {"gpu": "GPU X", "date": "2026-12-04 14:09 UTC", "outcomes": {
+        "ch10_cuda_tf32_deterministic": {"status": core.HOLDS, "evidence": "same bits"}}}
+    monkeypatch.setattr(gpu_runs, "load_runs", lambda directory=None: [run])
+    assert cli_main(["claims"]) == 0
+    assert "  stored GPU runs: GPU X 2026-12-04: holds" in capsys.readouterr().out
+    assert cli_main(["claims", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)["claims"]
+    assert row["gpu_runs"] == ["GPU X 2026-12-04: holds"]

@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 import torch
+from conftest import devices
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
@@ -181,6 +182,28 @@ def test_inputs_that_require_grad_take_the_simple_differentiable_form() -> None:
     assert gi.requires_grad  # the shift form runs under no_grad; the simple one does not
     want = aten.convolution_backward(gy, x, w, [16], *args, [True, True, True])[0]
     torch.testing.assert_close(gi.detach(), want, rtol=1e-12, atol=1e-12)
+
+
+FORCED = {  # form: (x shape, w shape, groups)
+    "shift": ((2, 16, 6, 6), (16, 16, 3, 3), 1),
+    "im2col": ((2, 3, 7, 7), (8, 3, 3, 3), 1),
+    "depthwise": ((2, 8, 7, 7), (8, 1, 3, 3), 8),
+}
+
+
+@pytest.mark.parametrize("device", devices())
+@pytest.mark.parametrize("form", sorted(FORCED))
+def test_every_forced_form_runs_on_the_device(form: str, device: str) -> None:
+    # The fused depthwise loop is CPU code: on a GPU that form runs as the simple one.
+    xs, ws, g = FORCED[form]
+    gy, x, w, args = (t.to(device) if isinstance(t, torch.Tensor) else t
+                      for t in tensors(xs, ws, (1, 1), (1, 1), (1, 1), g))
+    mask = [True, True, True]
+    got = fast.convolution_backward(gy, x, w, [ws[0]], *args, mask, form=form)
+    want = aten.convolution_backward(gy, x, w, [ws[0]], *args, mask)
+    for a, e in zip(got, want, strict=True):
+        assert a.device == e.device
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)
 
 
 # The rule's choice on the suite's layers, as choose_form's docstring states it.

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -97,6 +99,27 @@ def test_missing_imports_lists_absent_modules(tmp_path) -> None:
     # a sibling test module that cannot be imported makes its importers unimportable too
     path.write_text("from helper import z\n")
     assert gpu_check._missing_imports(path, tmp_path) == ["no_such_module_abc"]
+    # a script loaded by its file name counts as imported (tests/test_version_runs.py)
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "tool.py").write_text("import no_such_module_def\n")
+    path.write_text("import importlib.util\nspec = importlib.util.spec_from_file_location("
+                    "'tool', ROOT / 'scripts' / 'tool.py')\n")
+    assert gpu_check._missing_imports(path, tmp_path) == ["no_such_module_def"]
+
+
+def test_prelude_stands_in_for_ipython_where_it_is_missing(tmp_path) -> None:
+    # A notebook's `from IPython.display import display` runs on a machine without the
+    # Jupyter stack: a fake IPython package shadows nothing where the real one exists.
+    (tmp_path / "IPython").mkdir()
+    (tmp_path / "IPython" / "__init__.py").write_text("raise ImportError('not installed')\n")
+    code = (gpu_check.PRELUDE + "from IPython.display import display\n"
+            "from IPython import get_ipython\ndisplay('shown', get_ipython())\n"
+            "import matplotlib\nmatplotlib.use('Agg')\nimport matplotlib.pyplot as plt\n"
+            "plt.figure()\nplt.close('all')\n")  # matplotlib looks for a running IPython
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["shown", "None"]
 
 
 # Optional test dependencies: the browser tests need playwright, which CPU and GPU

@@ -4,11 +4,13 @@ the auto route's worst point. No assertion on a time."""
 from __future__ import annotations
 
 import json
+import math
 
 import torch
 
 from convlab.aten.fast_per_sample import ROUTES, per_sample_weight_grad
 from convlab.lab import per_sample_auto as psa
+from convlab.scratch import per_sample
 
 
 def test_grid_layers_have_their_channels_per_group() -> None:
@@ -43,10 +45,10 @@ def test_rule_summary_applies_the_current_rule_to_stored_times() -> None:
     stored = {"channels_per_group": 16, "n": 64, "kernel": 3, "threads": 1,
               "seconds": {"grouped": 2.0, "grouped_cl": 1.0, "im2col": 4.0},
               "fastest": "grouped_cl", "auto": "im2col", "auto_over_fastest": 4.0}
-    one = {**stored, "channels_per_group": 3, "n": 1, "kernel": 1}  # 1x1: im2col
+    one = {**stored, "channels_per_group": 64, "kernel": 1}  # 1x1, 64 samples: im2col
     now = psa.rule_summary({"block": 16, "points": [stored, one]})
     assert now["points"] == 2 and now["near"] == 0 and now["untimed"] == 0
-    assert now["worst"]["auto"] == "im2col" and now["worst"]["n"] == 1
+    assert now["worst"]["auto"] == "im2col" and now["worst"]["kernel"] == 1
     assert now["worst"]["auto_over_fastest"] == 4.0
     best = {**stored, "seconds": {"grouped": 1.0, "grouped_cl": 1.05, "im2col": 3.0}}
     assert psa.rule_summary({"block": 16, "points": [best]})["near"] == 1
@@ -98,13 +100,37 @@ def test_route_facts_read_the_fastest_route_and_the_depthwise_ratio() -> None:
     section = {"points": [
         pt(16, 8, 1, grouped=2.0, im2col=1.0, forward=3.0),
         pt(16, 8, 1, grouped=1.0, im2col=1.5, forward=3.0),
+        pt(16, 1, 1, grouped=2.0, im2col=1.0, forward=3.0, loop=0.5),  # loop left out
         pt(1, 8, 5, grouped=6.0, im2col=2.0, forward=1.0),
         pt(1, 64, 7, grouped=20.0, im2col=5.0, forward=2.0),
         pt(1, 1, 7, grouped=9.0, im2col=1.0, forward=1.0),  # one sample: not counted
         pt(1, 8, 3, grouped=1.0, im2col=2.0, forward=1.0),  # 3x3: not counted
     ]}
     facts = psa.route_facts(section)
-    assert facts == {"one_by_one": (1, 2), "depthwise_forward": (6.0, 10.0)}
+    assert facts == {"one_by_one": (2, 3), "depthwise_forward": (6.0, 10.0)}
     for p in section["points"]:
         del p["seconds"]["forward"]
     assert psa.route_facts(section)["depthwise_forward"] is None
+
+
+def test_against_scratch_compares_the_rule_with_the_scratch_rule_per_point() -> None:
+    def pt(c, n, k, seconds, peaks=None):
+        p = {"channels_per_group": c, "n": n, "kernel": k, "threads": 1, "seconds": seconds}
+        return p if peaks is None else {**p, "peak_mib": peaks}
+    stem = pt(3, 8, 3, {"loop": 1.0, "im2col": 4.0, "grouped": 2.0},
+              {"loop": 1.0, "im2col": 4.0, "grouped": 3.0})
+    wide = pt(64, 64, 3, {"loop": 9.0, "im2col": 4.0, "grouped": 2.0},
+              {"loop": 1.0, "im2col": 4.0, "grouped": 3.0})
+    # the routes each rule takes at these points (block 16): loop / im2col, grouped / grouped
+    assert psa.rule_route(stem, 16) == "loop" and psa.rule_route(wide, 16) == "grouped"
+    assert per_sample.choose_method(8, 3, [3, 3], torch.float32, 16, 1, 1) == "im2col"
+    untimed = pt(3, 8, 3, {"im2col": 4.0, "grouped": 2.0})  # a sweep before the loop
+    out = psa.against_scratch({"block": 16, "points": [stem, wide, untimed]})
+    assert out["points"] == 2 and out["loop"] == 1
+    assert math.isclose(out["time"], 0.5) and out["time_range"] == (0.25, 1.0)
+    assert math.isclose(out["peak"], 0.5)  # sqrt(1/4 * 3/3)
+    old = psa.against_scratch({"block": 16, "points": [untimed]})
+    assert old == {"points": 0, "loop": 0, "time": None, "time_range": None, "peak": None}
+    no_peaks = psa.against_scratch({"block": 16, "points": [
+        {k: v for k, v in stem.items() if k != "peak_mib"}]})
+    assert no_peaks["time"] == 0.25 and no_peaks["peak"] is None

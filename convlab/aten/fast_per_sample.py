@@ -7,13 +7,17 @@ holds more than its result while it runs: oneDNN's blocked copies of the input a
 extension (:mod:`convlab.aten.extension`). Per (sample, input channel) plane it contracts
 every kernel tap's row of the im2col columns with the group's ``grad_output`` rows, four
 output channels by four taps per step (two by four in the AVX2 and baseline builds, which
-have half the vector registers), the sums in vector registers. The tap rows are never a
-buffer of the whole columns:
+have half the vector registers), the sums in vector registers and a tile's lanes summed
+together by shuffles (the same pairs as a lane-by-lane halving, so the same bits). The
+tap rows are never a buffer of the whole columns:
 
+* 1x1 kernel, stride 1, no padding: the plane is the tap row, and the group's
+  ``grad_output`` planes are read in place (the call holds no buffer);
 * stride 1, finite plane: the plane is copied into a zero-padded buffer and the
-  ``grad_output`` rows onto its row stride, so tap ``t``'s row is the padded plane read
-  from a fixed offset (the extra ``grad_output`` columns hold zeros and add ``0 * x``,
-  which is exact only for finite ``x``);
+  ``grad_output`` rows onto its row stride (once per sample and group when one block
+  holds them), so tap ``t``'s row is the padded plane read from a fixed offset (the
+  extra ``grad_output`` columns hold zeros and add ``0 * x``, which is exact only for
+  finite ``x``);
 * otherwise: the rows of a block of output rows are filled (at most 16384 values), zero
   where a tap reads padding, as unfold's columns hold;
 * wide groups (``K/G * C/G * taps >= 4096``): a (sample, group)'s columns in blocks of
@@ -23,8 +27,8 @@ The buffers are per thread and come from torch's allocator, so
 :func:`convlab.lab.profiling.measure_memory` counts them; what grows with the batch is
 the result alone. Every result entry is summed by one thread in a fixed order, so the
 result is the same at any thread count. :func:`choose_method` says where the loop wins
-(few channels per group, one or few samples, small kernels) and where oneDNN's JIT kernels
-do (many samples with wide layers or large kernels).
+(few channels per group for oneDNN's block, few samples, one sample with small kernels)
+and where oneDNN's JIT kernels do (many samples with wider groups, large kernels).
 
 :func:`per_sample_weight_grad` takes the same arguments as
 :func:`convlab.scratch.per_sample.per_sample_weight_grad`, with ``"loop"`` among its
@@ -57,36 +61,42 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     (default :func:`~convlab.scratch.per_sample.onednn_block`), ``threads`` (no rule reads
     it), the layer's ``groups``).
 
-    ``"loop"`` for float32 and float64 with more than one tap (a 1x1 kernel's im2col reads
-    the input in place) when one of these holds, else the scratch rule:
+    ``"loop"`` for float32 and float64 when one of these holds, else the scratch rule:
 
-    1. no JIT block (``b == 0``, oneDNN's GEMM fallback);
-    2. one sample, ``c <= 8``;
-    3. ``n <= 8`` and ``taps <= 9``;
-    4. few channels (``c < 8``: depthwise, a 3-channel stem) with ``n <= 8`` or
-       ``taps <= 9``.
+    1. no JIT block (``b == 0``, oneDNN's GEMM fallback) and a kernel larger than 1x1,
+       except depthwise with ``n > 8``;
+    2. few channels for oneDNN's block (``2 * c <= b``: depthwise, a 3-channel stem, 8
+       channels against a 16-wide block), except depthwise with ``n > 8`` from 5x5 on,
+       where the forward route's convolution wins;
+    3. ``c <= 8`` and ``n <= 8``;
+    4. a 1x1 kernel with ``c <= b`` and ``n <= 8`` (the loop reads a pointwise layer's
+       planes in place, as im2col does);
+    5. one sample, ``c <= 16``, up to 3x3.
 
-    What is left is where oneDNN's JIT kernels win: many samples with larger kernels, or
-    wider groups beyond 3x3. Fitted on the ``per_sample_auto`` sweeps
-    (:mod:`convlab.lab.per_sample_auto`, every route and the loop timed at every point)
-    of the 2-core AMD EPYC (cpuid family 25, model 17) at its AVX-512-BF16, AVX-512, AVX2
-    and SSE4.1 settings. On the sweeps stored now (120 points per setting, re-taken after
-    the fit), the route it picks is within 10 % of the fastest at 105, 108, 106 and 109,
-    worst x1.58, x1.40, x2.07 and x1.54 (each a 1x1 kernel with one sample, where im2col
-    reads the input in place and the loop, faster there, holds its buffers). Against the
-    scratch rule alone on the same sweeps its route takes x0.83, x0.83, x0.80 and x0.78
-    of the time (geometric means; at best x0.18-0.24, at worst x1.30-1.49) and x0.51,
-    x0.51, x0.51 and x0.26 of the peak memory.
+    What is left is where oneDNN's JIT kernels win: many samples with wider groups, or
+    wide groups beyond 3x3. Fitted on the ``per_sample_auto`` sweeps
+    (:mod:`convlab.lab.per_sample_auto`, every route and the loop timed at every point;
+    its 1x1 layers are pointwise: stride 1, no padding) of the 2-core AMD EPYC (cpuid
+    family 25, model 17) at its AVX-512-BF16, AVX-512, AVX2 and SSE4.1 settings. On the
+    sweeps stored now (120 points per setting, re-taken after the fit), the route it
+    picks is within 10 % of the fastest at 112-118 of them, worst x1.14 (AVX-512) to x1.73
+    (AVX2: the loop at 8 channels per group, N 8, 7x7, one thread, where grouped wins).
+    Against the scratch rule alone on the same sweeps its route takes x0.63-x0.75 of the
+    time (geometric means per setting; at best x0.19, at worst x1.73) and x0.30-x0.45 of
+    the peak memory.
     """
     route = per_sample.choose_method(n, channels_per_group, kernel, dtype, block, threads,
                                      groups)
-    taps = math.prod(kernel)
-    if dtype not in (torch.float32, torch.float64) or taps == 1:
+    if dtype not in (torch.float32, torch.float64):
         return route
-    c = channels_per_group
+    taps, c = math.prod(kernel), channels_per_group
     b = per_sample.onednn_block() if block is None else block
-    few = c < 8 and (n <= 8 or taps <= 9)
-    if b == 0 or (n == 1 and c <= 8) or (n <= 8 and taps <= 9) or few:
+    depthwise_batch = c == 1 and n > 8  # the forward route's depthwise convolution
+    no_jit = b == 0 and taps > 1 and not depthwise_batch
+    few = 2 * c <= b and not (depthwise_batch and taps > 9)
+    pointwise = taps == 1 and c <= b and n <= 8
+    if no_jit or few or (c <= 8 and n <= 8) or pointwise or (
+            n == 1 and c <= 16 and taps <= 9):
         return "loop"
     return route
 

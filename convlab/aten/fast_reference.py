@@ -166,7 +166,8 @@ def convolution_backward(
     Shapes and returns as there: ``(grad_input, grad_weight, grad_bias)``, None where
     ``output_mask`` is False. Not differentiable (runs under ``torch.no_grad``).
     ``form`` (keyword only) forces a form instead of :func:`choose_form`'s, for measuring
-    the crossover; a form that cannot serve the call raises ``ValueError``.
+    the crossover; a form that cannot serve the call raises ``ValueError``. The fused
+    depthwise loop is CPU code: on another device that form runs as the simple reference.
 
     >>> x, w = torch.randn(2, 16, 8, 8), torch.randn(16, 16, 3, 3)
     >>> gi, gw, gb = convolution_backward(
@@ -185,6 +186,8 @@ def convolution_backward(
             form = "im2col"
     else:
         check_form(form, input, weight, p)
+    if form == "depthwise" and not _on_cpu(grad_output, input, weight):
+        form = "im2col"  # the fused loop is CPU code: elsewhere the simple form runs
     limit = L2_PER_CHUNK * cpu_cache.l2_cache_bytes()
     if form == "im2col" and (p.transposed or input.dtype not in _FAST_DTYPES
                              or not _plain(grad_output, input, weight)
@@ -218,6 +221,10 @@ def check_form(form: object, x: torch.Tensor, w: torch.Tensor, p: ConvParams) ->
                          "convolution with one output channel per input channel")
     if form == "shift" and depthwise:
         raise ValueError("form='shift' needs more than one input channel per group")
+
+
+def _on_cpu(*tensors: torch.Tensor) -> bool:
+    return all(t.device.type == "cpu" for t in tensors)
 
 
 def _plain(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> bool:

@@ -14,6 +14,7 @@ one's peak memory; :func:`against_peers` reads them. :func:`record` is the
 from __future__ import annotations
 
 import itertools
+import math
 import statistics
 from collections.abc import Callable
 from typing import Any
@@ -24,10 +25,11 @@ import torch.nn.functional as F
 from convlab.aten.fast_per_sample import ROUTES, choose_method, per_sample_weight_grad
 from convlab.lab import per_sample_timing, timing
 from convlab.lab.profiling import measure_memory
+from convlab.scratch import per_sample
 from convlab.scratch.per_sample import onednn_block
 
-__all__ = ["GRID", "LAYERS", "against_peers", "layer", "point", "record", "route_facts",
-           "rule_route", "rule_summary", "sweep", "worst"]
+__all__ = ["GRID", "LAYERS", "against_peers", "against_scratch", "layer", "point", "record",
+           "route_facts", "rule_route", "rule_summary", "sweep", "worst"]
 
 # channels per group -> (C_in, C_out, groups): depthwise, a 3-channel stem, grouped, ResNet.
 LAYERS: dict[int, tuple[int, int, int]] = {
@@ -137,13 +139,15 @@ def rule_summary(section: dict[str, Any]) -> dict[str, Any]:
 def route_facts(section: dict[str, Any]) -> dict[str, Any]:
     """The two facts behind rules 2 and 3 of
     :func:`~convlab.scratch.per_sample.choose_method`, read off a stored sweep:
-    ``one_by_one``, ``(points where im2col is the fastest route, 1x1 points)``; and
+    ``one_by_one``, ``(points where im2col is the fastest of the scratch routes, 1x1
+    points)`` (the routes that rule chooses among; the loop is left out); and
     ``depthwise_forward``, the ``(least, largest)`` ratio of the grouped route's time to
     the forward route's over the depthwise points from 5x5 on with more than one sample
     (None where the sweep did not time the forward route)."""
     points = section["points"]
     ones = [p for p in points if p["kernel"] == 1]
-    fastest = sum(min(p["seconds"], key=p["seconds"].__getitem__) == "im2col" for p in ones)
+    fastest = sum(min((r for r in p["seconds"] if r in per_sample.ROUTES),
+                      key=p["seconds"].__getitem__) == "im2col" for p in ones)
     dw = [p["seconds"]["grouped"] / p["seconds"]["forward"] for p in points
           if p["channels_per_group"] == 1 and p["kernel"] >= 5 and p["n"] > 1
           and "forward" in p["seconds"]]
@@ -183,6 +187,37 @@ def against_peers(section: dict[str, Any], near: float = 1.1) -> dict[str, Any] 
         out[key] = {"near": sum(r[key] <= near for r in have), "of": len(have),
                     "worst": max(have, key=lambda r: r[key]) if have else None}
     return out
+
+
+def against_scratch(section: dict[str, Any]) -> dict[str, Any]:
+    """What the loop's clauses of the current rule bring, read off a stored sweep: at each
+    point the current rule's route against the scratch rule's
+    (:func:`convlab.scratch.per_sample.choose_method`, the same layer). Returns
+    ``{"points": points where both routes were timed, "loop": points where the rule
+    takes the loop, "time": geometric mean of the time ratio (rule / scratch rule),
+    "time_range": its (least, largest), "peak": geometric mean of the peak-memory
+    ratio}``; ``time`` and ``time_range`` are None when no point has both routes timed,
+    ``peak`` when none has their peak memory."""
+    time, peak, loop = [], [], 0
+    for p in section["points"]:
+        ours = rule_route(p, section["block"])
+        theirs = per_sample.choose_method(
+            p["n"], p["channels_per_group"], [p["kernel"]] * 2, torch.float32,
+            section["block"], p["threads"], LAYERS[p["channels_per_group"]][2])
+        if ours not in p["seconds"] or theirs not in p["seconds"]:
+            continue  # a sweep taken before one of the two routes existed
+        loop += ours == "loop"
+        time.append(p["seconds"][ours] / p["seconds"][theirs])
+        if "peak_mib" in p:  # sweeps before peak memory was measured lack it
+            peak.append(p["peak_mib"][ours] / p["peak_mib"][theirs])
+
+    def geomean(xs: list[float]) -> float:
+        return math.exp(statistics.fmean(math.log(x) for x in xs))
+
+    return {"points": len(time), "loop": loop,
+            "time": geomean(time) if time else None,
+            "time_range": (min(time), max(time)) if time else None,
+            "peak": geomean(peak) if peak else None}
 
 
 def record(quick: bool = False) -> dict[str, object]:

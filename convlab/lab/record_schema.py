@@ -24,8 +24,11 @@ Manifest JSON (``<machine-slug>.manifest.json``)::
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import re
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from convlab.lab import isa_settings
@@ -255,3 +258,17 @@ def validate_manifest(data: object, slug: str | None = None) -> list[str]:
     if unknown:
         problems.append(f"unknown keys {', '.join(map(repr, unknown))}")
     return problems
+
+
+def load_checked(path: Path, validate: Callable[[Any], list[str]]) -> Any:
+    """The JSON data of a stored file (a version run, a GPU run) once ``validate`` finds
+    nothing wrong with it. Raises ValueError naming the file: not JSON, or the
+    validator's problems."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not JSON ({err})") from None
+    problems = validate(data)
+    if problems:
+        raise ValueError(f"{path}: {'; '.join(problems)}")
+    return data

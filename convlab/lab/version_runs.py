@@ -22,6 +22,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from convlab.lab.record_schema import load_checked
+
 VERSIONS_DIR = (Path(__file__).parent / "data" / "versions").resolve()
 RUNS_FILE = "old_torch_runs.json"
 SCHEMA = 1
@@ -58,13 +60,7 @@ def load_runs(path: str | os.PathLike[str] | None = None) -> dict[str, dict[str,
     path = VERSIONS_DIR / RUNS_FILE if path is None else Path(path)
     if not path.exists():
         return {}
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not JSON ({err})") from None
-    problems = validate(data)
-    if problems:
-        raise ValueError(f"{path}: {'; '.join(problems)}")
+    data = load_checked(path, validate)
     return dict(sorted(data["runs"].items(), key=lambda kv: _version_key(kv[0])))
 
 

@@ -157,11 +157,11 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     AVX-512-BF16, AVX-512, AVX2 and SSE4.1 settings. On the sweeps of those settings
     stored now (120 points each, taken after the fit, with
     :mod:`convlab.aten.fast_per_sample`'s loop as a fifth route), the route it picks is
-    within 10 % of the fastest of these four at 112, 118, 114 and 117 points, worst
-    x1.28, x1.53, x1.28 and x1.36 (one sample or few channels, where another of the four
-    was faster). Rule 4's groups term rests on the sweep's one grouped layer
+    within 10 % of the fastest of these four at 114, 117, 112 and 119 points, worst
+    x1.23, x1.19, x1.61 and x1.35 (one sample, 5x5 or 7x7, where grouped was faster).
+    Rule 4's groups term rests on the sweep's one grouped layer
     (16 channels in 2 groups): for one sample at 3x3 im2col was faster than grouped
-    under every setting (x1.0-x2.0 on the stored sweeps). A thread term did not pay on
+    under every setting (x1.1-x1.7 on the stored sweeps). A thread term did not pay on
     the sweeps it was fitted on. The sweep has N = 8 and 64 only, so rule 6's 32 is a
     midpoint, not a measured crossover.
     """

@@ -36,6 +36,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstddef>
 #include <limits>
 #include <string>
 #include <tuple>
@@ -679,7 +680,9 @@ constexpr int64_t kRowBlock = 16384;
 // sum_q g_j[q] * row_t[q], a tile of output channels by four taps per step
 // (block_dots), so the rows are read from the core's cache and the op takes
 // its result and one bounded buffer per thread. The tap rows come from one of
-// two places:
+// three places:
+// * pointwise (one tap, stride 1, no padding): the plane itself, met by the
+//   group's grad_output planes where they lie, so the call holds no buffer;
 // * flat (stride 1, finite plane): the plane copied once into a zero-padded
 //   buffer xpad, and grad_output's rows onto xpad's row stride (gpad: zeros
 //   in the extra columns), so tap t's row is xpad + offset_t, no copy per tap
@@ -723,11 +726,59 @@ inline __attribute__((always_inline)) void fill_rows(
   }
 }
 
+// The horizontal sums of M accumulators of V lanes, vectorised: two vectors
+// whose lanes are segments of W partial sums (one segment per accumulator)
+// become one of segments of W / 2, each lane the sum of the two halves of its
+// segment, so log2(V) steps of shuffles and adds reduce V accumulators at
+// once. Every lane meets the same partner as in the scalar halving
+// lanes[l] += lanes[l + W / 2], so the sums keep their order and bits.
+constexpr int halved_lane(int64_t V, int64_t W, std::size_t lane, bool high) {
+  const int64_t h = W / 2, seg = static_cast<int64_t>(lane) / h,
+                l = static_cast<int64_t>(lane) % h, per = V / W;
+  const int64_t src = seg < per ? seg * W + l : V + (seg - per) * W + l;
+  return static_cast<int>(high ? src + h : src);
+}
+
+template <typename vec, int64_t V, int64_t W, std::size_t... L>
+inline __attribute__((always_inline)) vec halve_pair(
+    vec a, vec b, std::index_sequence<L...>) {
+  return __builtin_shufflevector(a, b, halved_lane(V, W, L, false)...) +
+         __builtin_shufflevector(a, b, halved_lane(V, W, L, true)...);
+}
+
+// M vectors of segments of W lanes (accumulator i * V / W + s in segment s of
+// vector i), while there are two or more and W > 1 halved in pairs; then each
+// segment's lanes summed by the scalar halving into sums[accumulator].
+template <typename T, typename vec, int64_t V, int64_t M, int64_t W>
+inline __attribute__((always_inline)) void reduce_lanes(const vec* v,
+                                                          T* sums) {
+  if constexpr (M >= 2 && W >= 2) {
+    vec half[M / 2];
+    for (int64_t i = 0; i < M / 2; ++i) {
+      half[i] = halve_pair<vec, V, W>(v[2 * i], v[2 * i + 1],
+                                      std::make_index_sequence<V>{});
+    }
+    reduce_lanes<T, vec, V, M / 2, W / 2>(half, sums);
+  } else {
+    for (int64_t i = 0; i < M; ++i) {
+      T lanes[V];
+      __builtin_memcpy(lanes, &v[i], sizeof(vec));
+      for (int64_t s = 0; s < V / W; ++s) {
+        T* seg = lanes + s * W;
+        for (int64_t w = W / 2; w >= 1; w /= 2) {
+          for (int64_t l = 0; l < w; ++l) seg[l] += seg[l + w];
+        }
+        sums[i * (V / W) + s] = seg[0];
+      }
+    }
+  }
+}
+
 // J grad_output rows (g, g + gstride, ...) against TT tap rows r[0..TT) at
 // once: J * TT sums, each in V lanes (V values fill one vector register of
 // the variant, so the accumulators stay in registers and every load feeds
-// several FMAs), the lanes then summed pairwise, halving the width each level,
-// and the tail (len % V values) added in order.
+// several FMAs), the lanes then summed pairwise (reduce_lanes, halving the
+// width each level), and the tail (len % V values) added in order.
 template <typename T, int64_t V, int64_t J, int64_t TT>
 inline __attribute__((always_inline)) void dots(
     const T* __restrict__ g, int64_t gstride, const T* const* r, int64_t len,
@@ -736,7 +787,7 @@ inline __attribute__((always_inline)) void dots(
   // the same vector read from any T-aligned address (an unaligned load)
   typedef T uvec __attribute__((vector_size(V * sizeof(T)), aligned(sizeof(T))));
   const int64_t body = len / V * V;
-  vec acc[J][TT] = {};
+  vec acc[J * TT] = {};
   for (int64_t q = 0; q < body; q += V) {
     vec gv[J], rv[TT];
     for (int64_t j = 0; j < J; ++j) {
@@ -746,17 +797,14 @@ inline __attribute__((always_inline)) void dots(
       rv[t] = *reinterpret_cast<const uvec*>(r[t] + q);
     }
     for (int64_t j = 0; j < J; ++j) {
-      for (int64_t t = 0; t < TT; ++t) acc[j][t] += gv[j] * rv[t];
+      for (int64_t t = 0; t < TT; ++t) acc[j * TT + t] += gv[j] * rv[t];
     }
   }
+  T sums[J * TT];
+  reduce_lanes<T, vec, V, J * TT, V>(acc, sums);
   for (int64_t j = 0; j < J; ++j) {
     for (int64_t t = 0; t < TT; ++t) {
-      T lanes[V];
-      __builtin_memcpy(lanes, &acc[j][t], sizeof(vec));
-      for (int64_t w = V / 2; w >= 1; w /= 2) {
-        for (int64_t l = 0; l < w; ++l) lanes[l] += lanes[l + w];
-      }
-      T sum = lanes[0];
+      T sum = sums[j * TT + t];
       for (int64_t q = body; q < len; ++q) sum += g[j * gstride + q] * r[t][q];
       T& o = out[j * ostride + t];
       o = first ? sum : o + sum;
@@ -804,16 +852,20 @@ struct GradwGeometry {
   int64_t block;     // output rows per filled block
   bool unit_stride;
   bool finite;       // every plane finite (checked once per call)
+  bool pointwise;    // one tap, stride 1, no padding: the tap row is the plane
 };
 
 // One thread's buffers, slices of one tensor the call allocates up front
 // (from torch's allocator, in the calling thread, so that a measure of the
 // call's memory counts them): filled tap rows, the padded plane,
-// grad_output's rows on its row stride; and the tap row pointers.
+// grad_output's rows on its row stride; and the tap row pointers. gpad_of:
+// the grad_output planes gpad holds whole (one block covers them), so that
+// the next channel of the same sample and group reuses them.
 template <typename T>
 struct GradwBuffers {
   T *rows, *xpad, *gpad;
   std::vector<const T*> ptr;
+  const T* gpad_of = nullptr;
 };
 
 // One (sample, channel) plane: x the plane, g its group's first grad_output
@@ -832,6 +884,14 @@ inline __attribute__((always_inline)) void grad_weight_plane(
   const int64_t positions = o[0] * o[1] * o[2];
   const int64_t plane = size[0] * size[1] * size[2];
   buf.ptr.resize(taps);
+  if (geo.pointwise) {
+    // the plane is its only tap row and grad_output's planes are the rows it
+    // meets: no copy, no buffer, and no padding product (any value goes)
+    buf.ptr[0] = x;
+    block_dots<T, V, V * sizeof(T) == 64 ? 4 : 2>(g, positions, geo.k_g, buf.ptr.data(), 1,
+                     positions, out, geo.stride_k, true);
+    return;
+  }
   if (geo.unit_stride && (geo.finite || all_finite(x, plane))) {
     const int64_t P1 = size[1] + 2 * p[1], P2 = size[2] + 2 * p[2];
     const int64_t P0 = size[0] + 2 * p[0];
@@ -859,14 +919,18 @@ inline __attribute__((always_inline)) void grad_weight_plane(
           }
         }
         T* gpad = buf.gpad;
-        std::fill(gpad, gpad + geo.k_g * len, T(0));
-        for (int64_t j = 0; j < geo.k_g; ++j) {
-          for (int64_t v = v0; v < v1; ++v) {
-            const T* src = g + j * positions + (u * o[1] + v) * o[2];
-            T* dst = gpad + j * len + (v - v0) * P2;
-            for (int64_t w = 0; w < o[2]; ++w) dst[w] = src[w];
+        const bool whole = o[0] == 1 && v0 == 0 && v1 == o[1];
+        if (!whole || buf.gpad_of != g) {
+          std::fill(gpad, gpad + geo.k_g * len, T(0));
+          for (int64_t j = 0; j < geo.k_g; ++j) {
+            for (int64_t v = v0; v < v1; ++v) {
+              const T* src = g + j * positions + (u * o[1] + v) * o[2];
+              T* dst = gpad + j * len + (v - v0) * P2;
+              for (int64_t w = 0; w < o[2]; ++w) dst[w] = src[w];
+            }
           }
         }
+        buf.gpad_of = whole ? g : nullptr;
         block_dots<T, V, V * sizeof(T) == 64 ? 4 : 2>(gpad, len, geo.k_g, buf.ptr.data(), taps, len, out,
                          geo.stride_k, u == 0 && v0 == 0);
       }
@@ -989,6 +1053,10 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
     const int64_t items = N * groups;
     auto outv = out.view({N * groups, k_g, cpg * taps});
     auto gv = grad_output.view({N * groups, k_g, positions});
+    // a pointwise layer's columns are the group's input planes themselves
+    const bool pointwise = taps == 1 && s[0] == 1 && s[1] == 1 && s[2] == 1 &&
+                           p[0] == 0 && p[1] == 0 && p[2] == 0;
+    auto xv = input.view({N * groups, cpg, plane});
     AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "per_sample_weight_grad",
                                [&] {
       const scalar_t* xp = input.const_data_ptr<scalar_t>();
@@ -1010,7 +1078,9 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
         at::NoGradGuard no_grad_here;  // grad mode is per thread
         const SerialBlas serial;       // one GEMM per thread
         const int64_t len = (r1 - r0) * o[2];
-        auto cols = buf.narrow(0, 0, cpg * taps * len).view({cpg * taps, len});
+        auto cols = pointwise
+                        ? xv[i].narrow(1, r0 * o[2], len)
+                        : buf.narrow(0, 0, cpg * taps * len).view({cpg * taps, len});
         auto gy = gv[i].narrow(1, r0 * o[2], len).narrow(0, k0, k1 - k0);
         auto dst = outv[i].narrow(0, k0, k1 - k0);
         if (r0 == 0) {
@@ -1019,7 +1089,8 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
           dst.addmm_(gy, cols.t());
         }
       };
-      const int64_t buf_size = cpg * taps * std::min(gblock, rows_total) * o[2];
+      const int64_t buf_size =
+          pointwise ? 0 : cpg * taps * std::min(gblock, rows_total) * o[2];
       const int64_t threads = at::get_num_threads();
       if (items >= threads) {
         // items split into `threads` runs, each with its own columns; the
@@ -1033,7 +1104,7 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
                  i < (run + 1) * items / threads; ++i) {
               for (int64_t r0 = 0; r0 < rows_total; r0 += gblock) {
                 const int64_t r1 = std::min(r0 + gblock, rows_total);
-                fill(i, bp, r0, r1, 0, cpg);
+                if (!pointwise) fill(i, bp, r0, r1, 0, cpg);
                 gemm(i, buf, r0, r1, 0, k_g);
               }
             }
@@ -1047,9 +1118,11 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
         for (int64_t i = 0; i < items; ++i) {
           for (int64_t r0 = 0; r0 < rows_total; r0 += gblock) {
             const int64_t r1 = std::min(r0 + gblock, rows_total);
-            at::parallel_for(0, cpg, 1, [&](int64_t j0, int64_t j1) {
-              fill(i, bp, r0, r1, j0, j1);
-            });
+            if (!pointwise) {
+              at::parallel_for(0, cpg, 1, [&](int64_t j0, int64_t j1) {
+                fill(i, bp, r0, r1, j0, j1);
+              });
+            }
             at::parallel_for(0, k_g, 1, [&](int64_t k0, int64_t k1) {
               gemm(i, buf, r0, r1, k0, k1);
             });
@@ -1062,7 +1135,9 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
   GradwGeometry geo{k.data(), o.data(), s.data(), p.data(), d.data(),
                     size.data(), k_g, cpg * taps,
                     std::max<int64_t>(1, kRowBlock / (taps * o[2])),
-                    s[0] == 1 && s[1] == 1 && s[2] == 1, false};
+                    s[0] == 1 && s[1] == 1 && s[2] == 1, false,
+                    taps == 1 && s[0] == 1 && s[1] == 1 && s[2] == 1 &&
+                        p[0] == 0 && p[1] == 0 && p[2] == 0};
   AT_DISPATCH_FLOATING_TYPES(input.scalar_type(), "per_sample_weight_grad",
                              [&] {
     const scalar_t* xp = input.const_data_ptr<scalar_t>();
@@ -1075,15 +1150,16 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
     const int64_t padded = (size[0] + 2 * p[0]) * P1 * P2;
     const int64_t flat_rows = std::min(
         std::max<int64_t>(1, kRowBlock / (k_g * P2)), o[1]);
-    const int64_t xpad_size = geo.unit_stride ? padded + vmax : 0;
+    // a pointwise call holds no buffer at all
+    const bool flat = geo.unit_stride && !geo.pointwise;
+    const int64_t xpad_size = flat ? padded + vmax : 0;
     const int64_t gpad_size =
-        geo.unit_stride
-            ? k_g * (((flat_rows - 1) * P2 + o[2] + vmax - 1) / vmax * vmax)
-            : 0;
+        flat ? k_g * (((flat_rows - 1) * P2 + o[2] + vmax - 1) / vmax * vmax)
+             : 0;
     // filled tap rows serve strides above 1 and non-finite planes; a call
     // whose planes all take the flat form holds no room for them
-    geo.finite = geo.unit_stride && all_finite(xp, N * C * plane);
-    const bool fills = !geo.finite;
+    geo.finite = flat && all_finite(xp, N * C * plane);
+    const bool fills = !geo.finite && !geo.pointwise;
     const int64_t rows_size =
         fills ? taps * std::min(geo.block, o[0] * o[1]) * o[2] : 0;
     const int64_t per_run = rows_size + xpad_size + gpad_size;
@@ -1097,6 +1173,7 @@ at::Tensor per_sample_weight_grad(const at::Tensor& input,
         buf.rows = bp + run * per_run;
         buf.xpad = buf.rows + rows_size;
         buf.gpad = buf.xpad + xpad_size;
+        buf.gpad_of = nullptr;
         for (int64_t i = run * N * C / runs; i < (run + 1) * N * C / runs;
              ++i) {
           const int64_t n = i / C, c = i % C, g = c / cpg;

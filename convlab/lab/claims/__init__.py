@@ -20,15 +20,19 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import torch
+
 from convlab.lab.claims import (
     bits,
     cuda,
+    gpu_runs,
     inductor,
     memory,
     onednn,
     perf,
     routing,
     subnormal,
+    transposed,
 )
 from convlab.lab.claims.core import (
     CHAPTERS,
@@ -47,7 +51,8 @@ __all__ = ["CLAIMS", "chapters", "evaluate", "matrix", "record_outcomes", "repor
 # Every table's rows, in book order (intro, then chapters 1..13), table order within one.
 CLAIMS: tuple[Claim, ...] = tuple(sorted(
     routing.CLAIMS + subnormal.CLAIMS + onednn.CLAIMS + perf.CLAIMS + memory.CLAIMS
-    + inductor.CLAIMS + bits.CLAIMS + cuda.CLAIMS, key=lambda c: CHAPTERS.index(c.chapter)))
+    + inductor.CLAIMS + bits.CLAIMS + transposed.CLAIMS + cuda.CLAIMS,
+    key=lambda c: CHAPTERS.index(c.chapter)))
 
 
 def chapters() -> list[int | str]:
@@ -72,13 +77,16 @@ def evaluate(chapter: int | str | None = None, ids: Iterable[str] | None = None
 
 def report(chapter: int | str) -> str:
     """The text of a chapter's live-claims cell: each claim's status and evidence, then
-    those that do not hold here (lines <= 72 characters)."""
+    those that do not hold here (lines <= 72 characters); without CUDA, then the
+    chapter's CUDA claims as a GPU checked them (:mod:`~convlab.lab.claims.gpu_runs`)."""
     key = check_chapter(chapter)
     outcomes = evaluate(key)
     if not outcomes:
         return f"No claims for chapter {key}."
     what = "Introduction" if key == "intro" else f"Chapter {key}"
-    return report_text(outcomes, what)
+    text = report_text(outcomes, what)
+    stored = "" if torch.cuda.is_available() else gpu_runs.report(key)
+    return f"{text}\n\n{stored}" if stored else text
 
 
 def matrix(records: Sequence[Any], chapter: int | str | None

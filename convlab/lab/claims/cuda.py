@@ -1,4 +1,4 @@
-"""The book's CUDA sentences (chapters 3, 7, 10), checked where a CUDA device exists.
+"""The book's CUDA sentences (chapters 3, 7, 10, 12), checked where a CUDA device exists.
 
 Without one every check says "cannot run here"; on a GPU (Colab, ``make gpu-check``) they
 select, time nothing, and compare bits and errors on the device.
@@ -11,18 +11,20 @@ import torch
 from convlab.aten.backends import select_backend, use_backend
 from convlab.lab.claims.core import Claim, Outcome, cannot, verdict
 from convlab.lab.claims.probe import bitwise_equal, randn
+from convlab.lab.claims.transposed import wrong_output_padding
 
 NO_CUDA = "no CUDA device here (torch.cuda.is_available() is False)"
+DEVICE = "cuda"  # the checks' device (a test's CPU stand-in replaces it)
 
 
 def _cuda(*shape: int, seed: int = 0, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    return randn(*shape, seed=seed, dtype=dtype).cuda()
+    return randn(*shape, seed=seed, dtype=dtype).to(DEVICE)
 
 
-def _backward(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, groups: int = 1
-              ) -> tuple[torch.Tensor, ...]:
-    out = torch.ops.aten.convolution_backward(go, x, w, [w.shape[0]], [1, 1], [1, 1],
-                                              [1, 1], False, [0, 0], groups,
+def _backward(x: torch.Tensor, w: torch.Tensor, go: torch.Tensor, groups: int = 1,
+              stride: int = 1, padding: int = 1) -> tuple[torch.Tensor, ...]:
+    out = torch.ops.aten.convolution_backward(go, x, w, [w.shape[0]], [stride] * 2,
+                                              [padding] * 2, [1, 1], False, [0, 0], groups,
                                               [True, True, True])
     torch.cuda.synchronize()
     return tuple(out)
@@ -93,16 +95,29 @@ def check_tf32_error() -> Outcome:
                    default=default, tf32=errs[True], fp32=errs[False])
 
 
-def _repeats(deterministic: bool, tf32: bool, times: int = 4) -> list[str]:
+# Layers for the repeat checks: name -> (N, C_in, C_out, size, kernel, stride, padding).
+REPEAT_LAYERS: dict[str, tuple[int, ...]] = {
+    "64->64 3x3 N=32 32^2": (32, 64, 64, 32, 3, 1, 1),
+    "3->64 7x7/2 stem N=64 224^2": (64, 3, 64, 224, 7, 2, 3),
+    "256->64 1x1 N=64 56^2": (64, 256, 64, 56, 1, 1, 0),
+}
+
+
+def _repeats(deterministic: bool, tf32: bool, times: int = 4,
+             layer: str = "64->64 3x3 N=32 32^2", benchmark: bool = False) -> list[str]:
+    """The gradients whose bits differ between the first of ``times + 1`` backward calls
+    of ``layer`` and any later one."""
     torch.use_deterministic_algorithms(deterministic)  # restored by the registry
     torch.backends.cudnn.allow_tf32 = tf32
-    torch.backends.cudnn.benchmark = False
-    x, w = _cuda(32, 64, 32, 32), _cuda(64, 64, 3, 3, seed=1)
-    go = _cuda(32, 64, 32, 32, seed=2)
-    first = _backward(x, w, go)
+    torch.backends.cudnn.benchmark = benchmark
+    n, c_in, c_out, size, k, stride, pad = REPEAT_LAYERS[layer]
+    x, w = _cuda(n, c_in, size, size), _cuda(c_out, c_in, k, k, seed=1)
+    out = (size + 2 * pad - k) // stride + 1
+    go = _cuda(n, c_out, out, out, seed=2)
+    first = _backward(x, w, go, stride=stride, padding=pad)
     differ = set()
     for _ in range(times):
-        again = _backward(x, w, go)
+        again = _backward(x, w, go, stride=stride, padding=pad)
         differ |= {n for n, a, b in zip(("grad_input", "grad_weight", "grad_bias"), first,
                                         again, strict=True) if not bitwise_equal(a, b)}
     return sorted(differ)
@@ -119,13 +134,20 @@ def check_deterministic_repeats() -> Outcome:
 
 
 def check_default_nondeterministic() -> Outcome:
-    """Without deterministic mode, five cuDNN backward calls of a 64->64 layer (N=32)
-    do not all give the same bits."""
+    """Without deterministic mode, at least one of three layers (a 3x3, a 7x7 stem, a 1x1),
+    with ``cudnn.benchmark`` off or on, gives different bits over five backward calls."""
     if not torch.cuda.is_available():
         return cannot(NO_CUDA)
-    differ = _repeats(False, False)
-    return verdict(bool(differ), f"default, 5 calls: {', '.join(differ) or 'same bits'}",
-                   differ=differ)
+    found = {}
+    for layer in REPEAT_LAYERS:
+        for benchmark in (False, True):
+            differ = _repeats(False, False, layer=layer, benchmark=benchmark)
+            if differ:
+                found[f"{layer}{', benchmark' if benchmark else ''}"] = differ
+    evidence = "; ".join(f"{k}: {', '.join(v)} differ" for k, v in found.items())
+    return verdict(bool(found), "default, 5 calls each: " + (
+        evidence or f"same bits for all {2 * len(REPEAT_LAYERS)} (layer, benchmark) pairs"),
+        differ=found)
 
 
 def check_tf32_deterministic() -> Outcome:
@@ -135,6 +157,19 @@ def check_tf32_deterministic() -> Outcome:
     differ = _repeats(True, True)
     return verdict(not differ, f"TF32 + deterministic, 5 calls: "
                    f"{', '.join(differ) or 'same bits'}", differ=differ)
+
+
+def check_cudnn_ignores_output_padding() -> Outcome:
+    """cuDNN's transposed backward (float32, deterministic algorithms) accepts a wrong
+    ``output_padding`` and returns the same gradients as with the right one."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    torch.backends.cudnn.deterministic = True  # restored by the registry
+    got = wrong_output_padding(DEVICE, torch.float32)
+    evidence = f"float32 {got['backend']}: refused {got['refused']}, same {got['same']}"
+    if got["backend"] != "CudnnTranspose":
+        return cannot(f"cuDNN not selected here: {evidence}")
+    return verdict(not got["refused"] and bool(got["same"]), evidence, **got)
 
 
 CLAIMS: tuple[Claim, ...] = (
@@ -157,11 +192,16 @@ CLAIMS: tuple[Claim, ...] = (
           "algorithms: the same bits on every call.",
           "a CUDA device with cuDNN", check_deterministic_repeats),
     Claim("ch10_cuda_default_nondeterministic", 10,
-          "The conv backward is nondeterministic on CUDA unless deterministic algorithms "
-          "are requested (#70042).",
-          "a CUDA device; cuDNN's algorithm choice for the layer",
+          "Outside deterministic mode cuDNN may choose algorithms that add with atomics, so "
+          "the conv backward of some layers gives different bits from call to call "
+          "(#70042).",
+          "a CUDA device; cuDNN's algorithm choice for the layers tried",
           check_default_nondeterministic),
     Claim("ch10_cuda_tf32_deterministic", 10,
           "TF32 is deterministic: it changes accuracy, not run-to-run bits.",
           "a CUDA device with cuDNN", check_tf32_deterministic),
+    Claim("ch12_cuda_cudnn_ignores_output_padding", 12,
+          "cuDNN's transposed backward does not check output_padding either: a wrong one "
+          "gives the same gradients.",
+          "a CUDA device with cuDNN", check_cudnn_ignores_output_padding),
 )

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -165,3 +166,29 @@ def test_run_notebook_passes_and_fails_with_the_cell(tmp_path) -> None:
 def test_main_without_cuda_exits_with_a_message(capsys) -> None:
     assert gpu_check.main([]) == 2
     assert "no CUDA device" in capsys.readouterr().err
+
+
+def test_store_writes_the_cuda_claims_with_the_steps(tmp_path, monkeypatch, capsys) -> None:
+    # --store on a GPU: the claims (a stand-in run here) are stored with each step's end.
+    from convlab.lab.claims import gpu_runs
+
+    nb = tmp_path / "tiny.ipynb"
+    nb.write_text(json.dumps(notebook(COLAB, "x = 1")))
+    seen = {}
+
+    def fake_run(checks):
+        seen.update(checks)
+        return {"schema": 1, "date": "2026-12-04 14:09 UTC", "gpu": "GPU X", "torch": "2",
+                "cuda": "13.0", "cudnn": None, "cpu_model": "CPU", "cores": 1,
+                "outcomes": {"ch10_cuda_tf32_deterministic": {"status": "holds",
+                                                              "evidence": "same bits"}},
+                "checks": checks}
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_check, "backend_report", lambda device: [])
+    monkeypatch.setattr(gpu_runs, "run_here", fake_run)
+    assert gpu_check.main(["--skip-tests", "--store", str(tmp_path / "gpu"), str(nb)]) == 0
+    assert [(Path(k).name, v) for k, v in seen.items()] == [("tiny.ipynb", "PASS")]
+    [run] = gpu_runs.load_runs(tmp_path / "gpu")
+    assert run["gpu"] == "GPU X" and run["checks"] == seen
+    assert re.search(r"^PASS .* CUDA claims stored", capsys.readouterr().out, re.M)

@@ -159,6 +159,55 @@ def check_tf32_deterministic() -> Outcome:
                    f"{', '.join(differ) or 'same bits'}", differ=differ)
 
 
+# Chapter 3's CUDA cases (and three more): name -> (x, w, groups, transposed, channels_last,
+# dtype, cuDNN enabled).
+SELECTION_CASES: dict[str, tuple[tuple[int, ...], tuple[int, ...], int, bool, bool,
+                                 torch.dtype, bool]] = {
+    "3x3": ((8, 32, 32, 32), (64, 32, 3, 3), 1, False, False, torch.float32, True),
+    "depthwise fp32": ((8, 32, 32, 32), (32, 1, 3, 3), 32, False, False, torch.float32,
+                       True),
+    "depthwise, channels_last": ((8, 32, 32, 32), (32, 1, 3, 3), 32, False, True,
+                                 torch.float32, True),
+    "depthwise fp16, 64 ch": ((8, 64, 32, 32), (64, 1, 3, 3), 64, False, False,
+                              torch.float16, True),
+    "depthwise 3-d": ((2, 8, 8, 8, 8), (8, 1, 3, 3, 3), 8, False, False, torch.float32,
+                      True),
+    "transposed 3-d, no cuDNN": ((2, 8, 4, 4, 4), (8, 4, 3, 3, 3), 1, True, False,
+                                 torch.float32, False),
+    "3-d, no cuDNN": ((2, 8, 8, 8, 8), (4, 8, 3, 3, 3), 1, False, False, torch.float32,
+                      False),
+    "3x3 float64": ((8, 32, 32, 32), (64, 32, 3, 3), 1, False, False, torch.float64, True),
+    "transposed 2-d": ((8, 32, 16, 16), (32, 16, 3, 3), 1, True, False, torch.float32,
+                       True),
+}
+
+
+def check_rule_table_matches_aten() -> Outcome:
+    """convlab's rule table, asked with this process's CUDA build, picks ATen's own
+    backend for chapter 3's CUDA cases."""
+    if not torch.cuda.is_available():
+        return cannot(NO_CUDA)
+    from convlab.aten import selection
+    from convlab.aten.backends import backend_name
+
+    differ, picked = [], {}
+    for name, (xs, ws, groups, transposed, cl, dtype, cudnn) in SELECTION_CASES.items():
+        torch.backends.cudnn.enabled = cudnn  # restored by the registry
+        x = randn(*xs, dtype=dtype).to(DEVICE)
+        if cl:
+            x = x.to(memory_format=torch.channels_last)
+        w = randn(*ws, seed=1, dtype=dtype).to(DEVICE)
+        d = len(xs) - 2
+        args = ([1] * d, [1] * d, [1] * d, transposed, [0] * d, groups)
+        aten = backend_name(torch._C._select_conv_backend(x, w, None, *args))
+        mine = selection.select(selection.ConvQuery.from_tensors(x, w, None, *args)).backend
+        picked[name] = aten
+        if mine != aten:
+            differ.append(f"{name}: ATen {aten}, table {mine}")
+    return verdict(not differ, f"{len(picked) - len(differ)} of {len(picked)} cases agree"
+                   + (f"; {'; '.join(differ)}" if differ else ""), aten=picked, differ=differ)
+
+
 def check_cudnn_ignores_output_padding() -> Outcome:
     """cuDNN's transposed backward (float32, deterministic algorithms) accepts a wrong
     ``output_padding`` and returns the same gradients as with the right one."""
@@ -176,6 +225,10 @@ CLAIMS: tuple[Claim, ...] = (
     Claim("ch3_cuda_cudnn_replaces_onednn", 3,
           "With a CUDA device, cuDNN takes the place of oneDNN.",
           "a CUDA device with cuDNN", check_cudnn_replaces_onednn),
+    Claim("ch3_cuda_rule_table_matches_aten", 3,
+          "On CUDA, convlab's rule table picks ATen's own backend for the chapter's cases "
+          "(cuDNN, CudaDepthwise2d/3d, SlowTranspose3d, SlowDilated3d).",
+          "a CUDA device with cuDNN", check_rule_table_matches_aten),
     Claim("ch3_cuda_slow_is_im2col", 3,
           "On CUDA, use_backend('slow') falls back to ATen's CUDA im2col kernels.",
           "a CUDA device", check_slow_is_cuda_im2col),

@@ -14,6 +14,7 @@ import pytest
 from fixtures.cpu_fixtures import fixture_run, intel_fixture, setting
 
 from convlab.lab import isa_settings, machine, record_schema, records
+from convlab.lab.claims import gpu_runs
 
 COMMITTED = sorted(p for p in records.RECORDS_DIR.glob("*.json")
                    if not p.name.endswith(record_schema.MANIFEST_SUFFIX))
@@ -396,8 +397,9 @@ def test_a_failing_merge_writes_the_new_record_beside(tmp_path, monkeypatch):
 
 def test_records_travel_with_an_installed_package(tmp_path):
     """Colab installs a wheel, with no checkout: the wheel holds the committed records and
-    ``RECORDS_DIR`` finds them there (a copy of the tree is built, the repository is left
-    alone; the installed copy is imported from another folder)."""
+    the stored GPU runs, and ``RECORDS_DIR`` and ``gpu_runs.GPU_DIR`` find them there (a
+    copy of the tree is built, the repository is left alone; the installed copy is
+    imported from another folder)."""
     import shutil
     import zipfile
 
@@ -411,6 +413,7 @@ def test_records_travel_with_an_installed_package(tmp_path):
     ignore = shutil.ignore_patterns("__pycache__", "*.so", "build")
     shutil.copytree(root / "convlab", src / "convlab", symlinks=True, ignore=ignore)
     shutil.copytree(records.RECORDS_DIR, src / "book" / "data" / "records")
+    shutil.copytree(gpu_runs.GPU_DIR, src / "book" / "data" / "gpu")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(root / name, src / name)
     pip = [sys.executable, "-m", "pip", "-q", "--disable-pip-version-check"]
@@ -421,17 +424,23 @@ def test_records_travel_with_an_installed_package(tmp_path):
              if n.startswith("convlab/lab/data/records/")}
     committed = {p.name for p in records.RECORDS_DIR.glob("*.json")}
     assert committed and names == committed
+    gpu = {Path(n).name for n in zipfile.ZipFile(wheel).namelist()
+           if n.startswith("convlab/lab/data/gpu/")}
+    assert gpu and gpu == {p.name for p in gpu_runs.GPU_DIR.glob("*.json")}
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, timeout=120, capture_output=True)
     code = ("import json, convlab; from convlab.lab import records; "
+            "from convlab.lab.claims import gpu_runs; "
             "print(json.dumps([convlab.__file__, str(records.RECORDS_DIR), "
             "[r.path.name for r in records.load_records()], "
-            "sorted(records.load_manifests())]))")
+            "sorted(records.load_manifests()), "
+            "[r['gpu'] for r in gpu_runs.load_runs()]]))")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, check=True, timeout=120,
                          capture_output=True, text=True, env={**env, "PYTHONPATH": str(site)})
-    module, folder, loaded, manifests = json.loads(out.stdout.strip().splitlines()[-1])
+    module, folder, loaded, manifests, gpus = json.loads(out.stdout.strip().splitlines()[-1])
+    assert gpus == [r["gpu"] for r in gpu_runs.load_runs()]
     assert Path(module).is_relative_to(site) and Path(folder).is_relative_to(site)
     assert set(loaded) == {p.name for p in COMMITTED}
     assert manifests == sorted(p.name.removesuffix(record_schema.MANIFEST_SUFFIX)

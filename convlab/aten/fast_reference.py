@@ -230,8 +230,8 @@ def _on_cpu(*tensors: torch.Tensor) -> bool:
 def _plain(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> bool:
     """Eager CPU tensors of one dtype that need no autograd: no subclass, functorch
     wrapper, dispatch mode or compilation (the fast forms read values and write in place)."""
-    if any(type(t) is not torch.Tensor or t.device.type != "cpu" or t.requires_grad
-           or t.dtype != x.dtype for t in (gy, x, w)):
+    if not _on_cpu(gy, x, w) or any(type(t) is not torch.Tensor or t.requires_grad
+                                    or t.dtype != x.dtype for t in (gy, x, w)):
         return False
     return reference.values_readable(x)
 

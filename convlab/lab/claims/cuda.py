@@ -10,7 +10,7 @@ import torch
 
 from convlab.aten.backends import select_backend, use_backend
 from convlab.lab.claims.core import Claim, Outcome, cannot, verdict
-from convlab.lab.claims.probe import bitwise_equal, randn
+from convlab.lab.claims.probe import aten_and_table, bitwise_equal, randn
 from convlab.lab.claims.transposed import wrong_output_padding
 
 NO_CUDA = "no CUDA device here (torch.cuda.is_available() is False)"
@@ -187,9 +187,6 @@ def check_rule_table_matches_aten() -> Outcome:
     backend for chapter 3's CUDA cases."""
     if not torch.cuda.is_available():
         return cannot(NO_CUDA)
-    from convlab.aten import selection
-    from convlab.aten.backends import backend_name
-
     differ, picked = [], {}
     for name, (xs, ws, groups, transposed, cl, dtype, cudnn) in SELECTION_CASES.items():
         torch.backends.cudnn.enabled = cudnn  # restored by the registry
@@ -199,8 +196,7 @@ def check_rule_table_matches_aten() -> Outcome:
         w = randn(*ws, seed=1, dtype=dtype).to(DEVICE)
         d = len(xs) - 2
         args = ([1] * d, [1] * d, [1] * d, transposed, [0] * d, groups)
-        aten = backend_name(torch._C._select_conv_backend(x, w, None, *args))
-        mine = selection.select(selection.ConvQuery.from_tensors(x, w, None, *args)).backend
+        aten, mine = aten_and_table(x, w, args)
         picked[name] = aten
         if mine != aten:
             differ.append(f"{name}: ATen {aten}, table {mine}")

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from convlab.lab.claims import cuda
-from convlab.lab.claims.core import STATUSES, WIDTH, Outcome, fresh, run, select
+from convlab.lab.claims.core import STATUSES, WIDTH, fresh, run, select
 from convlab.lab.machine import cpu_model
 from convlab.lab.record_schema import load_checked
 
@@ -117,17 +117,16 @@ def report(chapter: int | str, runs: list[dict[str, Any]] | None = None) -> str:
     ids = [c.id for c in cuda.CLAIMS if c.chapter == chapter]
     blocks = []
     for data in load_runs() if runs is None else runs:
-        found = [Outcome(i, **{k: data["outcomes"][i][k] for k in ("status", "evidence")})
-                 for i in ids if i in data["outcomes"]]
+        found = [i for i in ids if i in data["outcomes"]]
         if not found:
             continue
         head = (f"Stored on a GPU: {data['gpu']}, torch {data['torch']}, CUDA "
                 f"{data['cuda']}, cuDNN {data['cudnn']}, {data['date'][:10]}:")
         lines = textwrap.wrap(head, WIDTH, subsequent_indent="  ")
-        for o in found:
-            lines.append(f"{o.claim_id}: {o.status}")
-            lines += textwrap.wrap(o.evidence, WIDTH, initial_indent="  ",
-                                   subsequent_indent="  ")
+        for i in found:
+            lines.append(f"{i}: {data['outcomes'][i]['status']}")
+            lines += textwrap.wrap(data["outcomes"][i]["evidence"], WIDTH,
+                                   initial_indent="  ", subsequent_indent="  ")
         blocks.append("\n".join(lines))
     return "\n\n".join(blocks)
 

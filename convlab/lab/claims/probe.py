@@ -44,6 +44,17 @@ def child_json(code: str, env: Mapping[str, str] | None = None) -> Any:
     return json.loads(lines[-1])
 
 
+def aten_and_table(x: torch.Tensor, w: torch.Tensor, args: tuple[Any, ...]) -> tuple[str, str]:
+    """The backend ATen's own selection picks for ``x``, ``w`` and the convolution
+    ``args`` (stride .. groups, no bias), and the one convlab's rule table
+    (:mod:`convlab.aten.selection`) picks for the same call."""
+    from convlab.aten import selection
+    from convlab.aten.backends import backend_name
+
+    aten = backend_name(torch._C._select_conv_backend(x, w, None, *args))
+    return aten, selection.select(selection.ConvQuery.from_tensors(x, w, None, *args)).backend
+
+
 def bitwise_equal(a: torch.Tensor | None, b: torch.Tensor | None) -> bool:
     """Same shape and the same bits in every element (NaNs included)."""
     if a is None or b is None:

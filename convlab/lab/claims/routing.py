@@ -10,7 +10,7 @@ import torch
 
 from convlab.aten.backends import select_backend
 from convlab.lab.claims.core import Claim, Outcome, cannot, fails, holds, verdict
-from convlab.lab.claims.probe import LOW_ISA_ENV, child, facts_under, randn
+from convlab.lab.claims.probe import LOW_ISA_ENV, aten_and_table, child, facts_under, randn
 
 _HALF = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -133,9 +133,6 @@ def check_nnpack_batch16() -> Outcome:
 def check_rule_table_matches_aten() -> Outcome:
     """convlab's rule table picks ATen's own backend on a grid over dtype, batch, kernel,
     image size, threads and the oneDNN flag (this torch, this CPU)."""
-    from convlab.aten import selection
-    from convlab.aten.backends import backend_name
-
     differ, n = [], 0
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         for batch, size, k, threads, dnn in [(1, 8, 1, 1, True), (1, 8, 1, 2, True),
@@ -146,11 +143,10 @@ def check_rule_table_matches_aten() -> Outcome:
             torch.backends.mkldnn.enabled = dnn
             x, w = randn(batch, 5, size, size, dtype=dtype), randn(8, 5, k, k, dtype=dtype)
             args = ([1, 1], [k // 2] * 2, [1, 1], False, [0, 0], 1)
-            aten = backend_name(torch._C._select_conv_backend(x, w, None, *args))
-            mine = selection.select(selection.ConvQuery.from_tensors(x, w, None, *args))
+            aten, mine = aten_and_table(x, w, args)
             n += 1
-            if mine.backend != aten:
-                differ.append(f"{dtype} N={batch} k={k} T={threads}: {aten} vs {mine.backend}")
+            if mine != aten:
+                differ.append(f"{dtype} N={batch} k={k} T={threads}: {aten} vs {mine}")
     return verdict(not differ, f"{n - len(differ)} of {n} configurations agree"
                    + (f"; first: {differ[0]}" if differ else ""), differ=differ)
 

@@ -9,7 +9,8 @@ Three parts, as in the book, each a subpackage that imports only the ones before
 * :mod:`convlab.lab`: measuring both (``timing``, ``profiling``, ``bench``, ``paths``,
   ``numerics``, ``doctor``, ``notebook``).
 
-:mod:`convlab.autograd` (autograd ops on convlab's formulas) and :mod:`convlab.cli` (the
+:mod:`convlab.autograd` (autograd ops on convlab's formulas), :mod:`convlab.opacus_sampler`
+(convlab as Opacus's per-sample gradient sampler for DP-SGD) and :mod:`convlab.cli` (the
 ``convlab`` command) sit on top. Submodules are imported on demand (``from convlab.scratch
 import reference``) so that importing the package stays cheap.
 """

@@ -525,3 +525,38 @@ def test_depthwise_loop_matches_aten_with_a_non_finite_value(where: str, value: 
         torch.testing.assert_close(g, e, rtol=1e-12, atol=1e-12, equal_nan=True)
         assert torch.equal(torch.isnan(g), torch.isnan(e))
     assert torch.isfinite(got[0]).any()
+
+
+# Shapes each form serves when the rule picks it (at one thread): x, w, padding, groups.
+VMAP_CASES = {
+    "shift": ((2, 16, 32), (16, 16, 3), (1,), 1),
+    "im2col": ((2, 3, 7, 7), (8, 3, 3, 3), (1, 1), 1),
+    "depthwise": ((2, 8, 7, 7), (8, 1, 3, 3), (1, 1), 8),
+}
+
+
+@pytest.mark.parametrize(("form", "batched"), [
+    pytest.param(form, batched, id=f"{batched}-{form}")
+    for form in sorted(VMAP_CASES) for batched in ("grad_output", "input", "weight")])
+def test_vmap_over_any_argument_matches_aten(form: str, batched: str) -> None:
+    """Under vmap every fast form falls back to the simple reference, whichever argument
+    is batched (it failed in ``mm.out`` over grad_output and in ``.item()`` over weight)."""
+    xs, ws, padding, groups = VMAP_CASES[form]
+    ones = (1,) * len(padding)
+    gy, x, w, args = tensors(xs, ws, ones, padding, ones, groups)
+    p = ConvParams.for_tensors(x, w, None, *args)
+    assert fast.choose_form(x.shape, w.shape, p, F64, 1) == form
+    operands = {"grad_output": gy, "input": x, "weight": w}
+    operands[batched] = torch.stack([operands[batched] + i for i in range(3)])
+    in_dims = tuple(0 if name == batched else None for name in operands)
+
+    def run(fn: Callable[..., tuple]) -> tuple:
+        return torch.func.vmap(lambda a, b, c: tuple(fn(a, b, c, [ws[0]], *args,
+                                                         [True, True, True])),
+                                in_dims=in_dims)(*operands.values())
+
+    with one_thread():
+        got = run(fast.convolution_backward)
+    want = run(aten.convolution_backward)
+    for a, e in zip(got, want, strict=True):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-10)

@@ -66,10 +66,34 @@ def test_settings_name_both_libraries():
      "intel-xeon-processor-x2-l3-300m"),
     ("Intel(R) Xeon(R) Processor", 2, {"L1d": 49152, "L1i": 65536, "L2": 2**21,
                                        "L3": 503316480}, "intel-xeon-processor-x2-l3-480m"),
-    ("AMD EPYC", 2, {"L1d": 2**15, "L2": 2**19}, "amd-epyc-x2-l2-1m"),
+    # a cache that is not a whole MiB is named exactly, in KiB
+    ("AMD EPYC", 2, {"L1d": 2**15, "L2": 2**19}, "amd-epyc-x2-l2-512k"),
+    ("AMD EPYC", 2, {"L1d": 2**15, "L2": 2**20}, "amd-epyc-x2-l2-1m"),
+    ("Intel(R) Xeon(R) Processor", 2, {"L3": 3 * 2**19}, "intel-xeon-processor-x2-l3-1536k"),
 ])
 def test_machine_slug(model, cores, caches, slug):
     assert machine.machine_slug(model, cores, caches) == slug
+
+
+@pytest.mark.parametrize("sizes", [(2**18, 2**19, 2**20), (3 * 2**19, 5 * 2**19, 2 * 2**20)])
+def test_hosts_whose_caches_differ_get_distinct_names(sizes):
+    """256 KiB, 512 KiB and 1 MiB (or 1.5, 2.5 and 2 MiB) of last-level cache were one
+    file name when rounded to whole MiB: the second host's records then went unread."""
+    fps = [{"cpu_model": "AMD EPYC", "cores": 2, "caches": {"L1d": 2**15, "L2": size}}
+           for size in sizes]
+    assert len({machine.slug_of(fp) for fp in fps}) == len(sizes)
+    assert len({machine.display_name(fp) for fp in fps}) == len(sizes)
+
+
+@pytest.mark.parametrize(("size", "slug", "name"), [
+    (2**18, "l2-256k", "L2 256 KiB"), (3 * 2**19, "l2-1536k", "L2 1536 KiB"),
+    (2**20, "l2-1m", "L2 1 MiB"), (480 * 2**20, "l2-480m", "L2 480 MiB"),
+    (1000, "l2-1000b", "L2 1000 B"),
+])
+def test_the_cache_size_is_named_exactly(size, slug, name):
+    fp = {"cpu_model": "AMD EPYC", "cores": 2, "caches": {"L2": size}}
+    assert machine.slug_of(fp) == f"amd-epyc-x2-{slug}"
+    assert machine.display_name(fp) == f"AMD EPYC x2 ({name})"
 
 
 def test_records_of_two_hosts_of_one_model_get_two_names():

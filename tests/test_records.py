@@ -389,6 +389,9 @@ def test_a_failing_merge_writes_the_new_record_beside(tmp_path, monkeypatch):
     assert path != target and path.name.startswith(target.name) and path.suffix == ".new"
     assert json.loads(path.read_text())["sections"]["suite"] == {"a": 2}
     assert json.loads(target.read_text()) == old
+    with pytest.raises(ValueError, match=re.escape(path.name)):  # not silently unread
+        records.load_records(tmp_path)
+    path.unlink()
     assert records.load_records(tmp_path)[0].sections["suite"] == {"a": 1}
     monkeypatch.undo()
     assert records._write_merged(target, old, "", new) == target
@@ -539,3 +542,42 @@ def test_no_roofline_fractions_for_a_cpu_time_suite():
         roofline.fractions(suite, {"peak_gflops": {"1": 1.0}, "triad_gbytes_s": {"1": 1.0}})
     record = {"sections": {"suite": suite, "roofline": {"peak_gflops": {}}}}
     assert "fractions" not in records.attach_derived(record)["sections"]["roofline"]
+
+
+def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path):
+    """Not UnicodeDecodeError from deep in the reader: ValueError with the file's name."""
+    path = tmp_path / "amd-epyc-x2__avx2.json"
+    path.write_bytes(b'{"schema": 1, "isa": "avx2\xff\xfe"}')
+    with pytest.raises(ValueError, match=r"amd-epyc-x2__avx2\.json: not UTF-8"):
+        records.read_record(path)
+    with pytest.raises(ValueError, match=r"amd-epyc-x2__avx2\.json: not UTF-8"):
+        records.load_records(tmp_path)
+    with pytest.raises(ValueError, match=r"amd-epyc-x2__avx2\.json: not UTF-8"):
+        record_schema.load_checked(path, lambda data: [])
+
+
+@pytest.mark.parametrize("key", ["LLC", "L", "l2", "L2x", "Ld", "L0", "3"])
+def test_a_cache_name_the_loader_cannot_read_is_refused_naming_file_and_key(tmp_path, key):
+    """``last_level`` reads the level from the name (``L3`` -> 3): ``LLC`` must not pass
+    the schema and then fail in ``int('LC')`` inside ``load_records``."""
+    rec = _record()
+    rec["fingerprint"]["caches"] = {"L1d": 32768, key: 2**20}
+    assert any(f"fingerprint.caches[{key!r}]" in p for p in record_schema.validate(rec))
+    path = tmp_path / "amd-epyc-x2__avx2.json"
+    path.write_text(json.dumps(rec))
+    with pytest.raises(ValueError, match=rf"amd-epyc-x2__avx2\.json: .*caches\[{key!r}\]"):
+        records.load_records(tmp_path)
+    rec["fingerprint"]["caches"] = {"L1d": 32768, "L1i": 32768, "L2": 2**20, "L3": 2**25}
+    assert record_schema.validate(rec) == []
+
+
+def test_a_record_left_beside_is_an_error_not_silently_unread(tmp_path):
+    """A record the runner could not merge goes to ``<record>.json.<time>.new``; the
+    loader refuses the folder, naming that file, until someone resolves it."""
+    (tmp_path / "amd-epyc-x2__avx2.json").write_text(json.dumps(_record()))
+    beside = tmp_path / "amd-epyc-x2__avx2.json.20261201T204000Z.new"
+    beside.write_text(json.dumps(_record()))
+    with pytest.raises(ValueError, match=re.escape(beside.name)):
+        records.load_records(tmp_path)
+    beside.unlink()
+    assert len(records.load_records(tmp_path)) == 1

@@ -644,3 +644,38 @@ def test_all_finite_is_conservative_on_overflow_and_true_when_empty() -> None:
     assert reference.all_finite(torch.empty(0, 3))
     grad = torch.randn(4, requires_grad=True)
     assert reference.all_finite(grad) and grad.grad is None
+
+
+@pytest.mark.parametrize("batched", ["input", "weight"])
+def test_depthwise_under_vmap_matches_aten(batched: str) -> None:
+    """The depthwise form (in-place adds into zeros) works under vmap over either operand:
+    its zeros are batched like both, so a batched weight's terms can land in them."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 2, 4, 7, 7, generator=gen, dtype=torch.float64)
+    w = torch.randn(3, 4, 1, 3, 3, generator=gen, dtype=torch.float64)
+    gy = torch.randn(3, 2, 4, 7, 7, generator=gen, dtype=torch.float64)
+    if batched == "input":
+        w = w[0]
+    else:
+        x, gy = x[0], gy[0]
+    dims = (0 if batched == "input" else None, 0 if batched == "weight" else None)
+    args = ([1, 1], [1, 1], [1, 1], False, [0, 0], 4)
+
+    def ours_fwd(x, w):
+        return reference.convolution(x, w, None, *args)
+
+    def aten_fwd(x, w):
+        return torch.ops.aten.convolution(x, w, None, *args)
+
+    torch.testing.assert_close(torch.vmap(ours_fwd, dims)(x, w), torch.vmap(aten_fwd, dims)(x, w))
+    gdims = (dims[0], *dims)
+
+    def ours_bwd(gy, x, w):
+        return reference.convolution_backward(gy, x, w, None, *args, [True, True, False])[:2]
+
+    def aten_bwd(gy, x, w):
+        return torch.ops.aten.convolution_backward(gy, x, w, None, *args,
+                                                   [True, True, False])[:2]
+
+    torch.testing.assert_close(torch.vmap(ours_bwd, gdims)(gy, x, w),
+                               torch.vmap(aten_bwd, gdims)(gy, x, w))

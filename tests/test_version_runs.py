@@ -75,3 +75,15 @@ def test_the_committed_file_is_valid_and_names_known_repros():
     known = set(old_torch_runs.repros()) | set(old_torch_runs.OLD_CALLS)
     for version, run in version_runs.load_runs().items():
         assert set(run["results"]) <= known, version
+
+
+@pytest.mark.parametrize("key", ["date", "machine", "python"])
+@pytest.mark.parametrize("value", [None, 3, ["m-x2"]])
+def test_a_run_with_a_non_string_field_is_refused_naming_file_and_key(tmp_path, key, value):
+    """Chapter 13's caption joins the runs' machines: a non-string one must not load."""
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps({"schema": 1, "runs": {"2.9.1": {**RUN, key: value}}}))
+    with pytest.raises(ValueError, match=rf"runs\.json: .*runs\['2\.9\.1'\]\.{key}"):
+        version_runs.load_runs(path)
+    with pytest.raises(ValueError, match=rf"runs\['2\.9\.1'\]\.{key}"):
+        version_runs.store_run("2.9.1", {**RUN, key: value}, tmp_path / "new.json")

@@ -37,6 +37,7 @@ methods; every other route is that function's.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 
@@ -52,14 +53,28 @@ ROUTES: tuple[str, ...] = (*per_sample.ROUTES, "loop")
 METHODS: tuple[str, ...] = ("auto", *ROUTES)
 
 
+@functools.cache
+def _onednn_block() -> int:
+    """:func:`convlab.scratch.per_sample.onednn_block`, read once per process.
+
+    It comes from the CPU's flags in ``/proc/cpuinfo`` capped by ``ONEDNN_MAX_CPU_ISA``:
+    the flags do not change while a process runs, and oneDNN reads its cap once at start
+    (as ATen reads ``ATEN_CPU_CAPABILITY``), so a cap set later does not change which
+    kernels run and the first answer stays right. Reading the file twice per call made
+    ``method="auto"`` several times slower than the route it picks on small layers.
+    """
+    return per_sample.onednn_block()
+
+
 def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
                   dtype: torch.dtype = torch.float32, block: int | None = None,
                   threads: int | None = None, groups: int = 1) -> str:
     """The route ``method="auto"`` takes: ``"loop"`` or the route of
     :func:`convlab.scratch.per_sample.choose_method` (same arguments: ``n`` samples,
     ``c`` = ``channels_per_group``, ``taps`` the kernel's size, oneDNN's ``block`` ``b``
-    (default :func:`~convlab.scratch.per_sample.onednn_block`), ``threads`` (no rule reads
-    it), the layer's ``groups``).
+    (default :func:`~convlab.scratch.per_sample.onednn_block`, read once per process:
+    the CPU's flags and ``ONEDNN_MAX_CPU_ISA`` are fixed per process), ``threads`` (no
+    rule reads it), the layer's ``groups``).
 
     ``"loop"`` for float32 and float64 when one of these holds, else the scratch rule:
 
@@ -85,12 +100,12 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     time (geometric means per setting; at best x0.19, at worst x1.73) and x0.30-x0.45 of
     the peak memory.
     """
-    route = per_sample.choose_method(n, channels_per_group, kernel, dtype, block, threads,
+    b = _onednn_block() if block is None else block
+    route = per_sample.choose_method(n, channels_per_group, kernel, dtype, b, threads,
                                      groups)
     if dtype not in (torch.float32, torch.float64):
         return route
     taps, c = math.prod(kernel), channels_per_group
-    b = per_sample.onednn_block() if block is None else block
     depthwise_batch = c == 1 and n > 8  # the forward route's depthwise convolution
     no_jit = b == 0 and taps > 1 and not depthwise_batch
     few = 2 * c <= b and not (depthwise_batch and taps > 9)
@@ -139,7 +154,7 @@ def per_sample_weight_grad(
             input.shape[0], size[1], size[2:], input.dtype, groups=p.groups)
         if method == "loop" and not servable:
             method = per_sample.choose_method(input.shape[0], size[1], size[2:],
-                                              input.dtype, groups=p.groups)
+                                              input.dtype, _onednn_block(), groups=p.groups)
     if method != "loop":
         return per_sample.per_sample_weight_grad(input, size, grad_output, *args,
                                                  method=method)

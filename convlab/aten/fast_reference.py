@@ -26,8 +26,9 @@ in how data moves; :func:`choose_form` picks one of three forms per call:
   times :func:`convlab.aten.cpu_cache.l2_cache_bytes` of columns (scaled to the
   machine, not a constant). For float32/float64 plain tensors of a normal convolution;
   the rest (transposed, whose simple form makes both gradients from one pass over the
-  columns, reduced precision, autograd, traced) take the simple form,
-  :func:`convlab.scratch.reference.convolution_backward`, with the same chunks.
+  columns, reduced precision, autograd, traced, ``vmap`` over any argument) take the
+  simple form, :func:`convlab.scratch.reference.convolution_backward`, with the same
+  chunks.
 * ``"depthwise"``: one fused pass of a small C++ loop in convlab's extension
   (``torch.ops.convlab_ext.depthwise2d_backward``: per channel and sample, every tap
   scatter-adds into grad_input and sums into grad_weight while the planes sit in L1),
@@ -229,11 +230,15 @@ def _on_cpu(*tensors: torch.Tensor) -> bool:
 
 def _plain(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor) -> bool:
     """Eager CPU tensors of one dtype that need no autograd: no subclass, functorch
-    wrapper, dispatch mode or compilation (the fast forms read values and write in place)."""
-    if not _on_cpu(gy, x, w) or any(type(t) is not torch.Tensor or t.requires_grad
-                                    or t.dtype != x.dtype for t in (gy, x, w)):
+    wrapper, dispatch mode or compilation (the fast forms read values and write in place).
+
+    Every tensor is checked: ``vmap`` over ``grad_output`` or ``weight`` alone wraps only
+    that one (the shift form's ``mm(out=)`` has no batching rule, ``all_finite``'s
+    ``.item()`` cannot run under vmap); such calls take the simple reference."""
+    tensors = (gy, x, w)
+    if not _on_cpu(*tensors) or any(t.requires_grad or t.dtype != x.dtype for t in tensors):
         return False
-    return reference.values_readable(x)
+    return all(reference.values_readable(t) for t in tensors)
 
 
 def _fast_allowed(gy: torch.Tensor, x: torch.Tensor, w: torch.Tensor, form: Form,

@@ -9,8 +9,9 @@ batch size. The steps of ``STEPS``:
 * ``"SGD (no privacy)"``: the ordinary step, for scale;
 * ``"Opacus hooks"``: ``GradSampleModule`` (forward and backward hooks, its own grad
   samplers) and ``DPOptimizer``;
-* ``"Opacus hooks + convlab"``: the same with :func:`convlab_grad_sampler` registered as
-  Opacus's ``nn.Conv2d`` grad sampler (:func:`convlab_conv_sampler`);
+* ``"Opacus hooks + convlab"``: the same with :func:`convlab.opacus_sampler.grad_sampler`
+  as Opacus's conv grad sampler, registered for the step
+  (:func:`convlab.opacus_sampler.registered`);
 * ``"Opacus ghost clipping"``: ``GradSampleModuleFastGradientClipping`` with
   ``use_ghost_clipping=True``, ``DPOptimizerFastGradientClipping`` and
   ``DPLossFastGradientClipping`` (two backward passes; the per-sample norms of
@@ -32,18 +33,17 @@ import importlib.metadata
 import importlib.util
 import re
 import statistics
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from convlab.aten.fast_per_sample import per_sample_weight_grad
+from convlab import opacus_sampler
 from convlab.lab import timing
-from convlab.scratch.per_sample import per_sample_bias_grad
 
-__all__ = ["STEPS", "ResNet8", "compare", "convlab_conv_sampler", "convlab_grad_sampler",
-           "data", "make_step", "missing", "per_sample_grads", "record"]
+__all__ = ["STEPS", "ResNet8", "compare", "data", "make_step", "missing", "per_sample_grads",
+           "record"]
 
 STEPS: tuple[str, ...] = (
     "SGD (no privacy)", "Opacus hooks", "Opacus hooks + convlab", "Opacus ghost clipping",
@@ -101,46 +101,10 @@ def data(n: int, size: int = 32, classes: int = 10, dtype: torch.dtype = torch.f
             torch.randint(0, classes, (n,), generator=gen))
 
 
-def convlab_grad_sampler(layer: nn.Conv2d, activations: list[torch.Tensor],
-                         backprops: torch.Tensor) -> dict[nn.Parameter, torch.Tensor]:
-    """Opacus's grad-sampler signature over convlab's routes: the layer's input and the
-    gradient of its output -> ``{parameter: per-sample gradient}``."""
-    x = activations[0].to(backprops.dtype)
-    if isinstance(layer.padding, str) or layer.padding_mode != "zeros":
-        from opacus.grad_sample.conv import compute_conv_grad_sample
-
-        return compute_conv_grad_sample(layer, activations, backprops)
-    out = {}
-    if layer.weight.requires_grad:
-        out[layer.weight] = per_sample_weight_grad(
-            x, layer.weight.shape, backprops, layer.stride, layer.padding, layer.dilation,
-            layer.groups)
-    if layer.bias is not None and layer.bias.requires_grad:
-        out[layer.bias] = per_sample_bias_grad(backprops)
-    return out
-
-
-@contextlib.contextmanager
-def convlab_conv_sampler() -> Iterator[None]:
-    """Inside: :func:`convlab_grad_sampler` is Opacus's grad sampler of ``nn.Conv2d``
-    (``opacus.grad_sample.register_grad_sampler``); on exit the previous one is back."""
-    from opacus.grad_sample import register_grad_sampler
-    from opacus.grad_sample.grad_sample_module import GradSampleHooks
-    from opacus.grad_sample.grad_sample_module_fast_gradient_clipping import (
-        GradSampleHooksFastGradientClipping as Fast,
-    )
-
-    tables = (GradSampleHooks.GRAD_SAMPLERS, Fast.GRAD_SAMPLERS)
-    before = [t.get(nn.Conv2d) for t in tables]
-    register_grad_sampler(nn.Conv2d)(convlab_grad_sampler)
-    try:
-        yield
-    finally:
-        for table, fn in zip(tables, before, strict=True):
-            if fn is None:
-                table.pop(nn.Conv2d, None)
-            else:
-                table[nn.Conv2d] = fn
+def _convlab_registered() -> contextlib.AbstractContextManager[None]:
+    """:func:`convlab.opacus_sampler.registered` without building the extension ahead
+    (a measurement must print nothing; the first backward loads it)."""
+    return opacus_sampler.registered(build_extension=False)
 
 
 def _problem(module: str) -> str | None:
@@ -205,7 +169,7 @@ def make_step(name: str, model: nn.Module, n: int, sigma: float = 1.0, clip: flo
     model = copy.deepcopy(model)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     gen = torch.Generator().manual_seed(seed)
-    around = convlab_conv_sampler if name.endswith("convlab") else contextlib.nullcontext
+    around = _convlab_registered if name.endswith("convlab") else contextlib.nullcontext
     kw = {"noise_multiplier": sigma, "max_grad_norm": clip, "expected_batch_size": n,
           "loss_reduction": "mean", "generator": gen}
     if name == "BackPACK BatchGrad":
@@ -256,7 +220,7 @@ def per_sample_grads(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tens
         raise ValueError(f"name must be Opacus, Opacus + convlab or BackPACK, got {name!r}")
     from opacus import GradSampleModule
 
-    around = convlab_conv_sampler if name.endswith("convlab") else contextlib.nullcontext
+    around = _convlab_registered if name.endswith("convlab") else contextlib.nullcontext
     with around():
         gsm = GradSampleModule(model, loss_reduction="sum")
         loss_fn(gsm(x), y).backward()

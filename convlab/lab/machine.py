@@ -98,17 +98,40 @@ def cache_sizes(root: str | os.PathLike[str] = CACHE_ROOT) -> dict[str, int]:
     return found
 
 
+# A cache's name as :func:`cache_sizes` writes it: ``L<level>``, then ``d`` (data), ``i``
+# (instruction) or nothing (unified). The record schema refuses any other name.
+CACHE_NAME = re.compile(r"L([1-9][0-9]*)([di]?)")
+
+
 def last_level(caches: Mapping[str, int]) -> tuple[str, int] | None:
     """The highest-level data or unified cache: its level name and bytes (None: none known).
+    Names other than ``CACHE_NAME``'s are not caches :func:`cache_sizes` writes and
+    are passed over (the record schema refuses them, naming the key).
 
     >>> last_level({"L1d": 2**15, "L1i": 2**15, "L2": 2**20, "L3": 2**25})
     ('L3', 33554432)
     """
-    data = {k: v for k, v in caches.items() if not k.endswith("i")}
-    if not data:
+    levels = {k: int(m.group(1)) for k in caches
+              if (m := CACHE_NAME.fullmatch(k)) and m.group(2) != "i"}
+    if not levels:
         return None
-    key = max(data, key=lambda k: int(k[1:].rstrip("d")))
-    return key.rstrip("d"), data[key]
+    key = max(levels, key=levels.__getitem__)
+    return f"L{levels[key]}", caches[key]
+
+
+def cache_size_text(size: int, sep: str = " ", suffix: str = "iB") -> str:
+    """A cache size exactly, in the largest binary unit that holds it whole: ``480 MiB``,
+    ``256 KiB``, ``1536 KiB`` (1.5 MiB), ``1000 B``; with ``sep=""`` and ``suffix=""``
+    the file-name form (lower-cased by the caller), ``480M``, ``256K``, ``1000B``. Never
+    rounded, so hosts whose caches differ never share a name.
+
+    >>> cache_size_text(3 * 2**19), cache_size_text(2**18, "", "")
+    ('1536 KiB', '256K')
+    """
+    for unit, scale in (("M", 2**20), ("K", 2**10)):
+        if size % scale == 0:
+            return f"{size // scale}{sep}{unit}{suffix}"
+    return f"{size}{sep}B"
 
 
 def last_level_cache(caches: Mapping[str, int]) -> int | None:
@@ -135,9 +158,11 @@ def machine_slug(model: str | None = None, cores: int | None = None,
 
     A cloud VM reports one model name for different hosts (``Intel(R) Xeon(R) Processor``
     with 300 MiB or 480 MiB of L3; ``AMD EPYC`` for two hosts with 32 MiB each, one of
-    them cpuid family 25, model 17), so the last-level cache and :func:`cpu_family_model`
-    are part of the name where known. ``caches={}`` and ``family_model=None`` leave them
-    out (records written before fingerprints held them). With no arguments: this machine.
+    them cpuid family 25, model 17), so the last-level cache (exactly:
+    :func:`cache_size_text`, ``l2-256k`` where it is not a whole MiB) and
+    :func:`cpu_family_model` are part of the name where known. ``caches={}`` and
+    ``family_model=None`` leave them out (records written before fingerprints held them).
+    With no arguments: this machine.
 
     >>> machine_slug("AMD EPYC 7B13 (R)", 2, {})
     'amd-epyc-7b13-x2'
@@ -145,6 +170,8 @@ def machine_slug(model: str | None = None, cores: int | None = None,
     'intel-xeon-processor-x2-l3-480m'
     >>> machine_slug("AMD EPYC", 2, {"L3": 32 * 2**20}, "25-17")
     'amd-epyc-x2-l3-32m-f25m17'
+    >>> machine_slug("AMD EPYC", 2, {"L2": 512 * 2**10})
+    'amd-epyc-x2-l2-512k'
     """
     if model is None and cores is None and caches is None:
         family_model = cpu_family_model()
@@ -155,7 +182,7 @@ def machine_slug(model: str | None = None, cores: int | None = None,
     slug = f"{slug or 'cpu'}-x{cores}"
     found = last_level(caches)
     if found:
-        slug += f"-{found[0].lower()}-{max(1, round(found[1] / 2**20))}m"
+        slug += f"-{found[0].lower()}-{cache_size_text(found[1], '', '').lower()}"
     if family_model:
         family, _, number = family_model.partition("-")
         slug += f"-f{family}m{number}"
@@ -184,7 +211,7 @@ def display_name(fp: Mapping[str, object]) -> str:
     name = f"{short_model(str(fp.get('cpu_model')))} x{fp.get('cores')}"
     caches = fp.get("caches") or {}
     found = last_level(caches if isinstance(caches, Mapping) else {})
-    parts = [f"{found[0]} {max(1, round(found[1] / 2**20))} MiB"] if found else []
+    parts = [f"{found[0]} {cache_size_text(found[1])}"] if found else []
     if fp.get("cpu_family_model"):
         family, _, number = str(fp["cpu_family_model"]).partition("-")
         parts.append(f"family {family} model {number}")

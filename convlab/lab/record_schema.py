@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from convlab.lab import isa_settings
+from convlab.lab import isa_settings, machine
 from convlab.lab.timing import CLOCKS
 
 SCHEMA = 1
@@ -110,10 +110,7 @@ def validate(data: object) -> list[str]:
         if key in fp and not _is(fp[key], kind):
             problems.append(f"fingerprint.{key} must be {_kind_name(kind)}, "
                             f"got {type(fp[key]).__name__}")
-    caches = fp.get("caches", {})  # optional: older records lack it; it names the machine
-    if not (isinstance(caches, dict)
-            and all(isinstance(k, str) and _is(v, int) and v > 0 for k, v in caches.items())):
-        problems.append("fingerprint.caches must map cache names to positive byte counts")
+    problems += _caches_problems(fp.get("caches", {}))
     family_model = fp.get("cpu_family_model")  # optional, like caches: it names the machine
     if family_model is not None and not (isinstance(family_model, str)
                                          and re.fullmatch(r"\d+-\d+", family_model)):
@@ -147,6 +144,23 @@ def validate(data: object) -> list[str]:
         dt.datetime.fromisoformat(data["created"].replace("Z", "+00:00"))
     except ValueError:
         problems.append(f"created {data['created']!r} is not an ISO time")
+    return problems
+
+
+def _caches_problems(caches: object) -> list[str]:
+    """The optional ``fingerprint.caches`` (older records lack it; it names the machine):
+    names as ``convlab.lab.machine.CACHE_NAME`` reads them, positive byte counts."""
+    if not isinstance(caches, dict):
+        return [f"fingerprint.caches must map cache names to positive byte counts, got "
+                f"{type(caches).__name__}"]
+    problems = []
+    for name, size in caches.items():
+        if not (isinstance(name, str) and machine.CACHE_NAME.fullmatch(name)):
+            problems.append(f"fingerprint.caches[{name!r}] is not a cache name like L1d, "
+                            "L1i, L2 or L3")
+        elif not (_is(size, int) and size > 0):
+            problems.append(f"fingerprint.caches[{name!r}] must be a positive byte count, "
+                            f"got {size!r}")
     return problems
 
 
@@ -260,14 +274,25 @@ def validate_manifest(data: object, slug: str | None = None) -> list[str]:
     return problems
 
 
+def read_json(path: Path, parse_constant: Callable[[str], Any] | None = None) -> Any:
+    """The JSON data of a stored file, read as UTF-8. Raises ValueError naming the file
+    where it is not UTF-8 or not JSON (``parse_constant``: as ``json.loads``'s, e.g.
+    to refuse NaN), so no reader lets a decoding error escape without the file's name."""
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{path}: not UTF-8 ({err})") from None
+    try:
+        return json.loads(text, parse_constant=parse_constant)
+    except ValueError as err:  # JSONDecodeError, or parse_constant's refusal
+        raise ValueError(f"{path}: not JSON ({err})") from None
+
+
 def load_checked(path: Path, validate: Callable[[Any], list[str]]) -> Any:
     """The JSON data of a stored file (a version run, a GPU run) once ``validate`` finds
-    nothing wrong with it. Raises ValueError naming the file: not JSON, or the
+    nothing wrong with it. Raises ValueError naming the file: not UTF-8, not JSON, or the
     validator's problems."""
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not JSON ({err})") from None
+    data = read_json(path)
     problems = validate(data)
     if problems:
         raise ValueError(f"{path}: {'; '.join(problems)}")

@@ -63,6 +63,7 @@ SECTIONS: dict[str, str] = {
 # In a checkout convlab/lab/data/records links to book/data/records; an installed package
 # (a wheel, as on Colab) holds a copy of those files there (pyproject's package data).
 RECORDS_DIR = (Path(__file__).parent / "data" / "records").resolve()
+NEW_SUFFIX = ".new"  # a record written beside the one it could not merge into (run_all)
 ISA_NAMES: dict[str, str] = {
     "amx": "AMX", "avx512_fp16": "AVX-512-FP16", "avx512_bf16": "AVX-512-BF16",
     "avx512": "AVX-512", "avx2": "AVX2", "sse41": "SSE4.1",
@@ -127,10 +128,7 @@ class Record:
 def read_record(path: str | os.PathLike[str]) -> Record:
     """One record file (``ValueError`` naming the file and the problems if invalid)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path}: not JSON ({err})") from None
+    data = record_schema.read_json(path)
     problems = record_schema.validate(data)
     if problems:
         raise ValueError(f"{path}: invalid record: {'; '.join(problems)}")
@@ -151,10 +149,16 @@ def _isa_rank(isa: str) -> int:
 
 def load_records(directory: str | os.PathLike[str] | None = None) -> list[Record]:
     """Every ``*.json`` record in ``directory`` (default: ``book/data/records``), sorted by
-    machine, then ISA from widest to narrowest. A missing folder gives an empty list."""
+    machine, then ISA from widest to narrowest. A missing folder gives an empty list.
+    ValueError naming them where the folder holds records :func:`run_all` wrote beside
+    one it could not merge into (``*.json.<time>.new``): resolved, not left unread."""
     folder = RECORDS_DIR if directory is None else Path(directory)
     if not folder.is_dir():
         return []
+    beside = sorted(p.name for p in folder.glob(f"*.json.*{NEW_SUFFIX}"))
+    if beside:
+        raise ValueError(f"{folder}: records not merged (the runner said why): "
+                         f"{', '.join(beside)}; move each to its own name or delete it")
     records = [read_record(p) for p in sorted(folder.glob("*.json"))
                if not p.name.endswith(record_schema.MANIFEST_SUFFIX)]
     return sorted(records, key=lambda r: (r.machine, _isa_rank(r.isa), r.path.name))
@@ -169,10 +173,7 @@ def manifest_path(slug: str, directory: str | os.PathLike[str] | None = None) ->
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, str]:
     """A manifest's skipped settings, ``{isa: reason}`` (``ValueError`` naming the file)."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text(), parse_constant=_refuse_constant)
-    except (json.JSONDecodeError, ValueError) as err:
-        raise ValueError(f"{path}: not JSON ({err})") from None
+    data = record_schema.read_json(path, parse_constant=_refuse_constant)
     slug = path.name.removesuffix(record_schema.MANIFEST_SUFFIX)
     problems = record_schema.validate_manifest(data, slug)
     if problems:
@@ -346,17 +347,18 @@ def _old_record(target: Path, slug: str, label: str) -> tuple[dict[str, Any] | N
         return None, str(err)
     if (rec.machine, rec.isa) != (slug, label):
         return None, f"{target}: holds {rec.machine}/{rec.isa}, not {slug}/{label}"
-    return json.loads(target.read_text()), ""
+    return record_schema.read_json(target), ""
 
 
 def _beside(target: Path) -> Path:
-    """A free name next to ``target`` that the loader does not read as a record."""
+    """A free name next to ``target`` (:func:`load_records` refuses the folder until the
+    file there is resolved)."""
     stamp = _now().replace(":", "").replace("-", "")
-    path = target.with_name(f"{target.name}.{stamp}.new")
+    path = target.with_name(f"{target.name}.{stamp}{NEW_SUFFIX}")
     n = 1
     while path.exists():
         n += 1
-        path = target.with_name(f"{target.name}.{stamp}-{n}.new")
+        path = target.with_name(f"{target.name}.{stamp}-{n}{NEW_SUFFIX}")
     return path
 
 
@@ -368,7 +370,8 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
     machine's manifest (:func:`note_skipped`), not counted as an error. The existing record
     of each setting is validated before its child measures; if it cannot take a merge, the
     new record is written beside it (``<record>.json.<time>.new``) so that no measurement
-    is lost, and the other settings still run (exit status 1). ``clock`` (``wall`` or
+    is lost, and the other settings still run (exit status 1; :func:`load_records` refuses
+    the folder until it is resolved). ``clock`` (``wall`` or
     ``cpu``) is the clock the children time on (``CONVLAB_CLOCK`` in their environment).
     """
     clock = timing.check_clock(clock)
@@ -441,7 +444,7 @@ def _write_merged(target: Path, old: dict[str, Any] | None, old_problem: str,
         pass  # the measurements themselves are what must not be lost
     path.write_text(json.dumps(new, indent=1, allow_nan=False) + "\n")
     print(f"records: {target.name} kept as it was ({old_problem}); the new record is "
-          f"{path.name}", flush=True)
+          f"{path.name} (move it to its own name or delete it)", flush=True)
     return path
 
 

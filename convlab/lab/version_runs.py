@@ -28,6 +28,7 @@ VERSIONS_DIR = (Path(__file__).parent / "data" / "versions").resolve()
 RUNS_FILE = "old_torch_runs.json"
 SCHEMA = 1
 RUN_KEYS = ("date", "machine", "python", "results")
+TEXT_KEYS = ("date", "machine", "python")  # the chapters join them into captions
 
 
 def validate(data: object) -> list[str]:
@@ -43,8 +44,11 @@ def validate(data: object) -> list[str]:
             problems.append(f"runs key {version!r} is not a version like 2.9.1")
         if not (isinstance(run, dict) and set(run) == set(RUN_KEYS)):
             problems.append(f"runs[{version!r}] must have exactly {', '.join(RUN_KEYS)}")
-        elif not (isinstance(run["results"], dict)
-                  and all(isinstance(v, str) for v in run["results"].values())):
+            continue
+        problems += [f"runs[{version!r}].{key} must be a string, got {type(run[key]).__name__}"
+                     for key in TEXT_KEYS if not isinstance(run[key], str)]
+        if not (isinstance(run["results"], dict)
+                and all(isinstance(v, str) for v in run["results"].values())):
             problems.append(f"runs[{version!r}].results must map names to result lines")
     return problems
 

@@ -95,15 +95,17 @@ def _weight_size(weight_size: object) -> tuple[int, ...]:
     return size
 
 
-def _cpu_flags() -> set[str]:
+@functools.cache
+def _cpu_flags() -> frozenset[str]:
+    """The CPU's flags, read once per process (they cannot change while it runs)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
                 if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
-    return set()
+    return frozenset()
 
 
 @functools.cache
@@ -123,7 +125,7 @@ def onednn_block() -> int:
     from the CPU's flags capped by ``ONEDNN_MAX_CPU_ISA`` (which oneDNN reads at start)."""
     if not torch.backends.mkldnn.is_available():
         return 0
-    return _block(os.environ.get("ONEDNN_MAX_CPU_ISA"), frozenset(_cpu_flags()))
+    return _block(os.environ.get("ONEDNN_MAX_CPU_ISA"), _cpu_flags())
 
 
 def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],

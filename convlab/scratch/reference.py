@@ -274,7 +274,9 @@ def _depthwise_forward(
     acc = _accumulator(x)
     xp = _padded(x, p.padding).to(acc)
     taps = taps.to(acc)
-    y = x.new_zeros(n, g, m, *out_size, dtype=acc)
+    # Zeros batched like both operands: under vmap over the weight, an in-place add into
+    # zeros made from x alone cannot take a batched term.
+    y = x.new_zeros(n, g, m, *out_size, dtype=acc) + taps.new_zeros(())
     for t, (_, window) in enumerate(tap_windows(w.shape[2:], out_size, p.stride, p.dilation)):
         y.addcmul_(xp[(slice(None), slice(None), *window)].unsqueeze(2),
                    taps[:, :, t].reshape(1, g, m, *ones))
@@ -293,7 +295,7 @@ def _depthwise_grad_input(
     gyv = gy.reshape(n, g, m, *out_size).to(acc)
     ones = (1,) * dim
     padded = [s + 2 * pad for s, pad in zip(spatial, p.padding, strict=True)]
-    gi = gy.new_zeros(n, g, *padded, dtype=acc)
+    gi = gy.new_zeros(n, g, *padded, dtype=acc) + taps.new_zeros(())  # batched like both
     for t, (_, window) in enumerate(tap_windows(w.shape[2:], out_size, p.stride, p.dilation)):
         target = gi[(slice(None), slice(None), *window)]
         if m == 1:

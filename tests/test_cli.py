@@ -147,6 +147,8 @@ def _plain_parser() -> argparse.ArgumentParser:
     ("trace", ["--groups", "1.5"], "expected an int, got '1.5'"),
     ("explain", ["--threads", "0"], "--threads must be a positive int"),
     ("explain", ["--groups", "x"], "expected an int, got 'x'"),
+    ("claims", ["--id", "ch3_nope"], "no claim 'ch3_nope' (convlab claims --list shows"),
+    ("claims", ["--chapter", "14"], "chapter must be 1..13 or 'intro', got 14"),
 ])
 def test_bad_values_are_one_line_exit_2_before_any_work(name, argv, message, monkeypatch,
                                                         tmp_path, capsys) -> None:

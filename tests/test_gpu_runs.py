@@ -40,6 +40,24 @@ def test_validate_names_the_bad_key(change: dict, problem: str) -> None:
     assert any(problem in p for p in gpu_runs.validate({**RUN, **change}))
 
 
+@pytest.mark.parametrize("key", list(gpu_runs.INFO_KEYS), ids=lambda k: f"without_{k}")
+def test_a_run_without_an_info_key_is_refused_naming_file_and_key(key: str, tmp_path) -> None:
+    """Issue 52: a run without ``cudnn`` passed (``data.get`` gave None, which cudnn may
+    be) and then every chapter's live-claims cell raised a bare KeyError in report()."""
+    data = {k: v for k, v in RUN.items() if k != key}
+    assert f"'{key}' is missing" in gpu_runs.validate(data)
+    (tmp_path / "gpu-x.json").write_text(json.dumps(data))
+    with pytest.raises(ValueError, match=f"gpu-x.json: '{key}' is missing"):
+        gpu_runs.load_runs(tmp_path)
+    assert gpu_runs.validate({**RUN, "cudnn": None}) == []  # null: a build without cuDNN
+
+
+def test_a_run_may_store_every_state() -> None:
+    outcomes = {c.id: {"status": st, "evidence": "e"}
+                for c, st in zip(cuda.CLAIMS, core.STATUSES, strict=False)}
+    assert gpu_runs.validate({**RUN, "outcomes": outcomes}) == []
+
+
 def test_store_then_load_round_trips_under_the_device_name(tmp_path) -> None:
     path = gpu_runs.store(RUN, tmp_path)
     assert path.name == "nvidia-test-gpu-80gb.json"

@@ -2,8 +2,10 @@
 
 Each claim (:class:`~convlab.lab.claims.core.Claim`) is one sentence, the condition it
 depends on, and a check that measures or inspects on the running machine and returns an
-:class:`~convlab.lab.claims.core.Outcome`: ``holds``,
-``does not hold`` or ``cannot run here`` (no CUDA, no such ISA), with its evidence. The
+:class:`~convlab.lab.claims.core.Outcome`: ``holds``, ``does not hold``, ``inconclusive``
+(a timed run could not resolve the effect the sentence needs,
+:mod:`~convlab.lab.claims.resolve`), ``cannot run here`` (no CUDA, no such ISA) or
+``error`` (the check raised), with its evidence. The
 rows live in one table per topic (:mod:`~convlab.lab.claims.routing`,
 :mod:`~convlab.lab.claims.bits`, ...); ``CLAIMS`` joins them. The types, the statuses and
 the flag guard are in :mod:`~convlab.lab.claims.core`.
@@ -65,8 +67,9 @@ def evaluate(chapter: int | str | None = None, ids: Iterable[str] | None = None
              ) -> list[Outcome]:
     """Run the claims of ``chapter`` (None: all) with ids in ``ids`` (None: all), in table
     order. Each check runs with the process flags kept (threads, backend flags, denormal
-    flush, deterministic mode, torch's RNG); one that raises gives ``cannot run here`` with
-    the error as evidence. Raises ValueError for an unknown chapter or id."""
+    flush, deterministic mode, torch's RNG); one that raises gives ``error`` with the
+    exception's type and message as evidence. Raises ValueError for an unknown chapter or
+    id."""
     chosen = select(CLAIMS, chapter, ids)
     fresh()
     try:
@@ -77,7 +80,8 @@ def evaluate(chapter: int | str | None = None, ids: Iterable[str] | None = None
 
 def report(chapter: int | str) -> str:
     """The text of a chapter's live-claims cell: each claim's status and evidence, then
-    those that do not hold here (lines <= 72 characters); without CUDA, then the
+    the counts of each status and the claims that do not hold, are inconclusive, cannot
+    run or err here (lines <= 72 characters); without CUDA, then the
     chapter's CUDA claims as a GPU checked them (:mod:`~convlab.lab.claims.gpu_runs`)."""
     key = check_chapter(chapter)
     outcomes = evaluate(key)
@@ -93,7 +97,8 @@ def matrix(records: Sequence[Any], chapter: int | str | None
            ) -> tuple[list[str], list[list[str]]]:
     """Headers and rows of a claims x records table for ``chapter`` (None: all) from the
     outcomes the records store (their ``claims`` section): ``yes`` (holds), ``no`` (does
-    not hold), ``n/a`` (cannot run there), ``-`` (no stored outcome)."""
+    not hold), ``?`` (inconclusive), ``n/a`` (cannot run there), ``err`` (the check
+    raised), ``-`` (no stored outcome)."""
     return matrix_rows(select(CLAIMS, chapter), records)
 
 

@@ -2,7 +2,9 @@
 
 A claim is one sentence of the book that depends on the machine (ISA, BLAS, threads,
 version, GPU), with a check that measures or inspects it here and returns an
-:class:`Outcome`: ``holds``, ``does not hold`` or ``cannot run here``. The checks live in
+:class:`Outcome`: ``holds``, ``does not hold``, ``inconclusive`` (a timed run could not
+resolve the effect the sentence needs), ``cannot run here`` (a stated condition is not
+met: no CUDA, no such ISA) or ``error`` (the check raised). The checks live in
 the sibling modules, one table of :class:`Claim` rows each; :mod:`convlab.lab.claims` joins
 the tables.
 """
@@ -21,12 +23,16 @@ import torch
 
 HOLDS = "holds"
 FAILS = "does not hold"
+INCONCLUSIVE = "inconclusive"
 CANNOT = "cannot run here"
-STATUSES = (HOLDS, FAILS, CANNOT)
+ERROR = "error"
+STATUSES = (HOLDS, FAILS, INCONCLUSIVE, CANNOT, ERROR)
+# Statuses that make ``convlab claims --strict`` exit 1.
+STRICT_FAILURES = (FAILS, ERROR)
 CHAPTERS: tuple[int | str, ...] = ("intro", *range(1, 14))
 WIDTH = 72
 # One cell of the claims x records matrix per status (narrow, for phones).
-SHORT = {HOLDS: "yes", FAILS: "no", CANNOT: "n/a"}
+SHORT = {HOLDS: "yes", FAILS: "no", INCONCLUSIVE: "?", CANNOT: "n/a", ERROR: "err"}
 MISSING = "-"
 
 
@@ -71,6 +77,17 @@ def fails(evidence: str, **detail: Any) -> Outcome:
 def cannot(evidence: str, **detail: Any) -> Outcome:
     """A check that cannot run on this machine (no CUDA, no such ISA, ...)."""
     return Outcome("", CANNOT, evidence, detail)
+
+
+def inconclusive(evidence: str, **detail: Any) -> Outcome:
+    """A run that could not resolve the effect the sentence needs (noise, too few rounds)."""
+    return Outcome("", INCONCLUSIVE, evidence, detail)
+
+
+def decided(status: str, evidence: str, **detail: Any) -> Outcome:
+    """An outcome of a ``status`` computed by the check (e.g. by
+    :func:`convlab.lab.claims.resolve.judge`)."""
+    return Outcome("", status, evidence, detail)
 
 
 def verdict(ok: bool, evidence: str, **detail: Any) -> Outcome:
@@ -179,8 +196,9 @@ def _jsonable(detail: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def run(claim: Claim) -> Outcome:
-    """Run one claim's check with the flags kept; an exception becomes a ``cannot run
-    here`` outcome whose evidence is the error (so one broken check stops nothing else)."""
+    """Run one claim's check with the flags kept; an exception becomes an ``error``
+    outcome whose evidence is its type and message (so one broken check stops nothing
+    else, and is counted as broken, not as a condition of this machine)."""
     with kept_flags():
         try:
             out = claim.check()
@@ -190,7 +208,7 @@ def run(claim: Claim) -> Outcome:
         except Exception as err:  # noqa: BLE001 - one failing check must not stop the others
             first = (str(err).strip().splitlines() or [""])[0][:200]
             where = traceback.extract_tb(err.__traceback__)[-1]
-            return Outcome(claim.id, CANNOT, f"check raised {type(err).__name__}: {first}",
+            return Outcome(claim.id, ERROR, f"check raised {type(err).__name__}: {first}",
                            {"error": f"{type(err).__name__}: {first}",
                             "at": f"{where.filename.rsplit('/', 1)[-1]}:{where.lineno}"})
 
@@ -221,25 +239,51 @@ def _wrap(text: str, indent: str = "  ") -> list[str]:
     return textwrap.wrap(text, WIDTH, initial_indent=indent, subsequent_indent=indent) or [indent]
 
 
+_WORDS = {HOLDS: ("holds", "hold"), FAILS: ("does not hold", "do not hold"),
+          INCONCLUSIVE: ("inconclusive", "inconclusive"),
+          CANNOT: ("cannot run here", "cannot run here"), ERROR: ("error", "errors")}
+# The lists below a report: claims of these statuses, by name.
+_LISTED = {FAILS: "Do not hold here", INCONCLUSIVE: "Inconclusive here",
+           CANNOT: "Cannot run here", ERROR: "Errors (the check raised)"}
+
+
+def summary(statuses: Iterable[str]) -> str:
+    """One line counting every status, in ``STATUSES`` order: ``31 hold, 2 do not hold,
+    5 inconclusive, 7 cannot run here, 1 error``."""
+    found = list(statuses)
+    parts = []
+    for status in STATUSES:
+        n = found.count(status)
+        parts.append(f"{n} {_WORDS[status][0] if n == 1 else _WORDS[status][1]}")
+    return ", ".join(parts)
+
+
 def report_text(outcomes: Sequence[Outcome], what: str) -> str:
-    """One line per claim (id: status), its evidence wrapped below it, then the claims
-    that do not hold (or cannot run) here. Lines are at most ``WIDTH`` characters."""
+    """One line per claim (id: status), its evidence wrapped below it, then the counts
+    (:func:`summary`) and the claims of each status but ``holds`` by name. Lines are at
+    most ``WIDTH`` characters."""
     lines: list[str] = []
     for o in outcomes:
         lines += textwrap.wrap(f"{o.claim_id}: {o.status}", WIDTH, subsequent_indent="    ")
         lines += _wrap(o.evidence)
-    failing = [o.claim_id for o in outcomes if o.status == FAILS]
-    missing = [o.claim_id for o in outcomes if o.status == CANNOT]
-    held = sum(o.status == HOLDS for o in outcomes)
     lines.append("")
-    lines += textwrap.wrap(f"{what}: {held} of {len(outcomes)} claims hold here.", WIDTH)
-    if failing:
-        lines += textwrap.wrap("Do not hold here: " + ", ".join(failing) + ".", WIDTH,
-                               subsequent_indent="  ")
-    if missing:
-        lines += textwrap.wrap("Cannot run here: " + ", ".join(missing) + ".", WIDTH,
-                               subsequent_indent="  ")
+    lines += textwrap.wrap(f"{what}: {summary(o.status for o in outcomes)}.", WIDTH,
+                           subsequent_indent="  ")
+    for status, label in _LISTED.items():
+        named = [o.claim_id for o in outcomes if o.status == status]
+        if named:
+            lines += textwrap.wrap(f"{label}: " + ", ".join(named) + ".", WIDTH,
+                                   subsequent_indent="  ")
     return "\n".join(lines)
+
+
+def stored_status(stored: object) -> str | None:
+    """The status of one stored outcome (a record's or a GPU run's), one of ``STATUSES``;
+    None where it stores none we know. Records older than the inconclusive and error
+    states stored holds / does not hold / cannot run here, read as they are (a raising
+    check was folded into the last then: it cannot be told apart, and stays as stored)."""
+    status = stored.get("status") if isinstance(stored, Mapping) else None
+    return status if status in STATUSES else None
 
 
 def stored_outcomes(record: Any) -> Mapping[str, Any]:
@@ -263,17 +307,14 @@ def record_label(record: Any) -> str:
 
 def matrix_rows(claims: Sequence[Claim], records: Sequence[Any]
                 ) -> tuple[list[str], list[list[str]]]:
-    """Headers and rows of a claims x records table: ``yes``/``no``/``n/a`` per stored
-    outcome, ``-`` where a record has none."""
+    """Headers and rows of a claims x records table: ``SHORT`` of each stored outcome
+    (``yes``/``no``/``?``/``n/a``/``err``), ``-`` where a record has none."""
     stored = [stored_outcomes(r) for r in records]
     headers = ["claim", *(record_label(r) for r in records)]
     rows = []
     for c in claims:
-        cells = []
-        for outcomes in stored:
-            got = outcomes.get(c.id)
-            status = got.get("status") if isinstance(got, Mapping) else None
-            cells.append(SHORT.get(str(status), MISSING))
+        cells = [SHORT.get(stored_status(outcomes.get(c.id)) or "", MISSING)
+                 for outcomes in stored]
         rows.append([c.id, *cells])
     return headers, rows
 
@@ -283,7 +324,7 @@ def agreeing(outcome: Outcome, records: Sequence[Any]) -> tuple[list[str], list[
     of those that stored another status (records without one are in neither)."""
     same, other = [], []
     for r in records:
-        got = stored_outcomes(r).get(outcome.claim_id)
-        if isinstance(got, Mapping) and got.get("status") in STATUSES:
-            (same if got["status"] == outcome.status else other).append(record_label(r))
+        status = stored_status(stored_outcomes(r).get(outcome.claim_id))
+        if status is not None:
+            (same if status == outcome.status else other).append(record_label(r))
     return same, other

@@ -10,13 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from convlab.lab import machine
-from convlab.lab.claims import bits, memory, onednn, perf, routing
+from convlab.lab.claims.bits import digests
+from convlab.lab.claims.memory import per_sample_peaks
+from convlab.lab.claims.onednn import implementations
+from convlab.lab.claims.perf import mkl_gflops
+from convlab.lab.claims.routing import half_backends
 
 
 def facts() -> dict[str, Any]:
     """What the checks compare across ISA caps, measured in this process: MKL's announced
     path, the bf16/fp16 backends, oneDNN's implementations and blocks, digests of seeded
     gradients, the per-sample routes' peak memory and MKL's 1-thread GEMM rate."""
-    return {"mkl": machine.mkl_probe(), "half": routing.half_backends(),
-            "onednn": onednn.implementations(), "digests": bits.digests(),
-            "memory": memory.per_sample_peaks(), "mkl_gflops": perf.mkl_gflops()}
+    return {"mkl": machine.mkl_probe(), "half": half_backends(),
+            "onednn": implementations(), "digests": digests(),
+            "memory": per_sample_peaks(), "mkl_gflops": mkl_gflops()}

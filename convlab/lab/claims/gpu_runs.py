@@ -30,8 +30,8 @@ from typing import Any
 
 import torch
 
-from convlab.lab.claims import cuda
 from convlab.lab.claims.core import STATUSES, WIDTH, fresh, run, select
+from convlab.lab.claims.cuda import CLAIMS as CUDA_CLAIMS
 from convlab.lab.machine import cpu_model
 from convlab.lab.record_schema import load_checked
 
@@ -45,11 +45,14 @@ INFO_KEYS: dict[str, type | tuple[type, ...]] = {
 
 def validate(data: object) -> list[str]:
     """What is wrong with one stored run's JSON data (empty: valid), each problem naming
-    its key; an outcome of a claim that is not one of the CUDA claims is a problem."""
+    its key: every key of ``INFO_KEYS`` present (``cudnn`` may be null, not absent) and of
+    its type; an outcome of a claim that is not one of the CUDA claims is a problem."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         return [f"an object with schema {SCHEMA} expected"]
-    problems = [f"'{key}' must be {kind.__name__ if isinstance(kind, type) else 'int or null'}"
-                for key, kind in INFO_KEYS.items() if not isinstance(data.get(key), kind)]
+    problems = [f"'{key}' is missing" if key not in data else
+                f"'{key}' must be {kind.__name__ if isinstance(kind, type) else 'int or null'}"
+                for key, kind in INFO_KEYS.items()
+                if key not in data or not isinstance(data[key], kind)]
     outcomes = data.get("outcomes")
     if not isinstance(outcomes, dict) or not outcomes:
         return [*problems, "'outcomes' must map claim ids to outcomes"]
@@ -58,7 +61,7 @@ def validate(data: object) -> list[str]:
             and all(isinstance(v, str) and v.startswith(("PASS", "FAIL"))
                     for v in checks.values())):
         problems.append("'checks' must map step names to 'PASS...' or 'FAIL...' lines")
-    known = {c.id for c in cuda.CLAIMS}
+    known = {c.id for c in CUDA_CLAIMS}
     for claim_id, out in outcomes.items():
         if claim_id not in known:
             problems.append(f"outcomes[{claim_id!r}]: not a CUDA claim")
@@ -87,7 +90,7 @@ def run_here(checks: dict[str, str] | None = None) -> dict[str, Any]:
         raise RuntimeError("no CUDA device here: a stored GPU run needs one")
     fresh()
     try:
-        outcomes = [run(c) for c in select(cuda.CLAIMS, None, None)]
+        outcomes = [run(c) for c in select(CUDA_CLAIMS, None, None)]
     finally:
         fresh()
     return {"schema": SCHEMA, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -114,7 +117,7 @@ def store(data: dict[str, Any], directory: str | os.PathLike[str] | None = None)
 def report(chapter: int | str, runs: list[dict[str, Any]] | None = None) -> str:
     """The stored outcomes of ``chapter``'s CUDA claims, one block per device (its name,
     torch, CUDA and cuDNN versions and date first); ``""`` when none is stored."""
-    ids = [c.id for c in cuda.CLAIMS if c.chapter == chapter]
+    ids = [c.id for c in CUDA_CLAIMS if c.chapter == chapter]
     blocks = []
     for data in load_runs() if runs is None else runs:
         found = [i for i in ids if i in data["outcomes"]]

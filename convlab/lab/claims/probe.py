@@ -32,11 +32,12 @@ def child(code: str, env: Mapping[str, str] | None = None,
                           timeout=timeout, env=full, check=False)
 
 
-def child_json(code: str, env: Mapping[str, str] | None = None) -> Any:
+def child_json(code: str, env: Mapping[str, str] | None = None,
+               timeout: float = TIMEOUT_S) -> Any:
     """:func:`child` for code whose last stdout line is JSON; that value.
 
     Raises RuntimeError with the child's last stderr line if it failed."""
-    done = child(code, env)
+    done = child(code, env, timeout)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -83,7 +84,64 @@ def facts_under(env: Mapping[str, str]) -> dict[str, Any]:
     return shared(key, lambda: child_json(_FACTS_CODE, env))
 
 
+# Each cap's levels, lowest first (an unknown value caps nothing we can rank).
+ATEN_LEVELS = ("default", "avx2", "avx512")
+MKL_LEVELS = ("sse4_2", "avx", "avx2", "avx512", "avx512_e1", "avx512_e2", "avx512_e3",
+              "avx512_e4")
+
+
+def _rank(name: str, value: str) -> int | None:
+    """The level a cap's ``value`` names (higher is wider; None: not one we know)."""
+    from convlab.lab.isa_settings import ONEDNN_ISA_RANK
+
+    value = value.strip().lower()
+    if name == "ONEDNN_MAX_CPU_ISA":
+        return ONEDNN_ISA_RANK.get(value)
+    levels = ATEN_LEVELS if name == "ATEN_CPU_CAPABILITY" else MKL_LEVELS
+    return levels.index(value) if value in levels else None
+
+
+def cpu_rank(name: str) -> int:
+    """The level of cap ``name`` the CPU itself reaches (from its cpuinfo flags)."""
+    from convlab.lab import machine
+    from convlab.lab.isa_settings import available_settings
+
+    flags = machine.cpu_flags()
+    ranks = [0]
+    for s in available_settings(flags):
+        value = {"ONEDNN_MAX_CPU_ISA": s.onednn, "ATEN_CPU_CAPABILITY": s.aten_env,
+                 "MKL_ENABLE_INSTRUCTIONS": s.mkl}[name]
+        ranks.append(_rank(name, value) or 0)
+    if "avx" in flags:  # AVX without AVX2: oneDNN's and MKL's avx level
+        ranks.append(_rank(name, "avx") or 0)
+    return max(ranks)
+
+
 def capped_env() -> dict[str, str]:
-    """The environment this process runs under, as far as ISA caps go."""
+    """The ISA caps this process runs under that bind: a cap at or above the CPU's own
+    level (or one we cannot rank) counts as uncapped."""
     names = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
-    return {k: os.environ[k] for k in names if k in os.environ}
+    found = {}
+    for k in names:
+        rank = _rank(k, os.environ[k]) if k in os.environ else None
+        if rank is not None and rank < cpu_rank(k):
+            found[k] = os.environ[k]
+    return found
+
+
+def at_level_of(env: Mapping[str, str]) -> str | None:
+    """Why this process already runs at or below every cap of ``env`` (its own caps or
+    the CPU's level), so that a comparison with ``env`` would compare a setting with
+    itself; None where some cap of ``env`` would lower something here."""
+    here = capped_env()
+    for k, v in env.items():
+        want = _rank(k, v)
+        if want is None or want >= cpu_rank(k):
+            continue  # that cap lowers nothing on this CPU
+        have = _rank(k, here[k]) if k in here else cpu_rank(k)
+        if have is None or have > want:
+            return None
+    setting = " ".join(f"{k}={v}" for k, v in env.items())
+    caps = " ".join(f"{k}={v}" for k, v in here.items()) or "no binding cap, the CPU's own"
+    return (f"this process already runs at or below {setting} ({caps}): comparing with "
+            "it would compare a setting with itself")

@@ -4,11 +4,14 @@ backward returns, on this machine."""
 from __future__ import annotations
 
 import json
+import os
 import signal
 
 import torch
 
 from convlab.aten.backends import select_backend
+from convlab.aten.onednn_types import effective_isa, half_types_by_rule
+from convlab.lab import machine
 from convlab.lab.claims.core import Claim, Outcome, cannot, fails, holds, verdict
 from convlab.lab.claims.probe import LOW_ISA_ENV, aten_and_table, child, facts_under, randn
 
@@ -31,20 +34,33 @@ def half_backends() -> dict[str, str]:
 
 
 def _half_routes(name: str) -> Outcome:
+    """ideep's rule, computed from this CPU's flags and the oneDNN cap, agrees with torch's
+    own check and with the backend ATen selects."""
+    if not torch.backends.mkldnn.is_available():
+        return cannot("this torch has no oneDNN")
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
+    try:
+        isa = effective_isa(machine.cpu_flags(), cap)
+        rule = half_types_by_rule(machine.cpu_flags(), cap)[name]
+    except ValueError as err:
+        return cannot(str(err))
     supported = _half_support(name)
     chosen = half_backends()[name]
-    ok = (chosen == "Mkldnn") == supported
-    return verdict(ok, f"oneDNN {name} check {supported}; ATen selects {chosen}",
-                   supported=supported, backend=chosen)
+    ok = rule == supported and (chosen == "Mkldnn") == rule
+    return verdict(ok, f"oneDNN level {isa} (cap {cap or 'none'}): the rule says "
+                       f"{'oneDNN' if rule else 'not oneDNN'} for {name}; torch's check "
+                       f"{supported}; ATen selects {chosen}",
+                   level=isa, rule=rule, supported=supported, backend=chosen)
 
 
 def check_bf16_routes_mkldnn() -> Outcome:
-    """bf16 goes to Mkldnn exactly when oneDNN's bf16 check passes."""
+    """bf16 goes to Mkldnn exactly when ideep's rule (level >= avx2_vnni_2) says so."""
     return _half_routes("bfloat16")
 
 
 def check_fp16_routes_mkldnn() -> Outcome:
-    """fp16 goes to Mkldnn exactly when oneDNN's fp16 check passes."""
+    """fp16 goes to Mkldnn exactly when ideep's rule (avx512_core_fp16 and up, or
+    avx2_vnni_2) says so."""
     return _half_routes("float16")
 
 
@@ -153,17 +169,18 @@ def check_rule_table_matches_aten() -> Outcome:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch3_bf16_routes_mkldnn", 3,
-          "bfloat16 goes to oneDNN whenever the CPU passes oneDNN's bf16 check, and to "
-          "Slow2d otherwise.",
-          "oneDNN's bf16 support (avx512_core and up)", check_bf16_routes_mkldnn),
+          "bfloat16 goes to oneDNN where ideep's rule lets oneDNN take it (its level at "
+          "least avx2_vnni_2: AVX-512, or AVX2 with AVX-NE-CONVERT), and to Slow2d "
+          "otherwise.",
+          "this CPU's flags under the oneDNN cap (not an AMX cap)", check_bf16_routes_mkldnn),
     Claim("ch3_fp16_routes_mkldnn", 3,
-          "float16 goes to oneDNN whenever the CPU passes oneDNN's fp16 check, and to "
-          "Slow2d otherwise.",
-          "oneDNN's fp16 support (avx512_core_fp16 and up)", check_fp16_routes_mkldnn),
+          "float16 goes to oneDNN where ideep's rule lets oneDNN take it (avx512_core_fp16 "
+          "and up, or avx2_vnni_2), and to Slow2d otherwise.",
+          "this CPU's flags under the oneDNN cap (not an AMX cap)", check_fp16_routes_mkldnn),
     Claim("intro_sse41_cap_sends_half_to_slow_path", "intro",
-          "The backend chosen for bfloat16 and float16 is oneDNN only on CPUs with AVX-512 "
-          "(bf16) or AVX-512 FP16/AMX (fp16); under the SSE4.1 cap it is the slow path, "
-          "so make test does not compare it.",
+          "The backend chosen for bfloat16 and float16 is oneDNN only where ideep's rule "
+          "lets oneDNN take the type; under the SSE4.1 cap it is the slow path, so make "
+          "test does not compare it.",
           "a fresh process under ONEDNN_MAX_CPU_ISA=SSE41",
           check_sse41_cap_sends_half_to_slow_path),
     Claim("intro_output_mask_is_request", "intro",

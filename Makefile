@@ -13,13 +13,15 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 export TORCH_EXTENSIONS_DIR ?= $(abspath .cache/torch_extensions)
 export PYTHONHASHSEED := 0
 
-.PHONY: help venv book test lint unit nbval notebooks gpu-check bench records compat clean system-deps unit-isa nbval-isa pdf
+.PHONY: help venv book test lint unit nbval notebooks gpu-check bench records compat clean system-deps unit-isa nbval-isa pdf installed
 
 help:
 	@echo "make book        build the site into _build/html (does not execute notebooks)"
 	@echo "make pdf         the reader's book as one PDF, no API reference (_build/pdf/book.pdf)"
 	@echo "make test        ruff, pytest tests/, the book build, nbval over every chapter; tests"
-	@echo "                 and nbval again under ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default"
+	@echo "                 and nbval again under ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default;"
+	@echo "                 then make installed"
+	@echo "make installed [REHEARSE=1]  tests of the installed package (a wheel, no checkout)"
 	@echo "make notebooks   re-execute every chapter in place (NB=book/x.ipynb for one)"
 	@echo "make gpu-check   on a CUDA machine: CUDA tests + every notebook on the GPU"
 	@echo "make bench       benchmarks (never part of make test)"
@@ -77,7 +79,41 @@ nbval-isa: $(STAMP)
 	$(ISA_LOW) $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
 	  --nbval-sanitize-with nbval_sanitize.cfg $$($(PY) scripts/toc_notebooks.py)
 
-test: lint book unit nbval unit-isa nbval-isa
+# Installed mode (part of `make test`): convlab as a reader gets it. A wheel is built from
+# a copy of the files a commit would hold and installed non-editable, the copy's convlab/
+# is removed, and the pinned torch of .venv is reused (a throwaway venv under
+# .cache/installed reads .venv's site-packages through a .pth file: nothing is downloaded).
+# `scripts/compat.py --pinned`: the same steps as `make compat`. A test that reads the
+# checkout's convlab/ instead of the installed package fails here. Only the tests of what
+# the wheel must carry and where it is found, so this adds about a minute: every module
+# imports cleanly (test_imports); the measurement records, stored GPU runs and old-torch
+# runs as package data (test_records, test_gpu_runs, test_gpu_check's store,
+# test_version_runs, test_claims' readers); the Colab copies, whose chapter 5 inlines the
+# wheel's convlab_ext.cpp (test_colab_copies); the C++ extension built from that file
+# (test_extension's op and load); the console entry point (test_cli); and
+# scripts/old_torch_runs.py beside the installed package (test_chapters_11_13). The whole
+# suite on an installed convlab is `make compat`'s, and so is executing the Colab copies of
+# the record chapters outside a checkout (about 3.5 CPU-minutes, over this target's share
+# of `make test`): `make installed REHEARSE=1` adds it.
+INSTALLED_TESTS := tests/test_imports.py tests/test_gpu_runs.py tests/test_version_runs.py \
+  tests/test_colab_copies.py \
+  tests/test_records.py::test_every_committed_record_is_valid \
+  tests/test_records.py::test_committed_records_cover_every_setting_of_their_machine \
+  tests/test_records.py::test_records_travel_with_an_installed_package \
+  tests/test_claims.py::test_matrix_reads_committed_records \
+  tests/test_claims.py::test_cli_names_the_stored_gpu_runs_of_a_cuda_claim \
+  tests/test_gpu_check.py::test_store_writes_the_cuda_claims_with_the_steps \
+  tests/test_extension.py::test_raw_op_is_registered_and_matches_aten \
+  tests/test_extension.py::test_load_is_cached \
+  tests/test_cli.py::test_the_console_script_exits_2_with_one_line \
+  tests/test_cli.py::test_importing_the_dispatcher_loads_no_command \
+  tests/test_chapters_11_13.py::test_chapter_13_has_its_repros \
+  tests/test_chapters_11_13.py::test_old_torch_runs_refuses_a_missing_interpreter
+
+installed: $(STAMP)
+	$(PY) scripts/compat.py --pinned $(if $(REHEARSE),--rehearse) $(INSTALLED_TESTS)
+
+test: lint book unit nbval unit-isa nbval-isa installed
 
 notebooks: $(STAMP)
 	$(PY) scripts/run_notebooks.py $(NB)

@@ -1,6 +1,7 @@
 """Run the book and the tests on another torch, the way a Colab reader would.
 
 Usage: python scripts/compat.py --torch 2.9.1 [--keep] [--record] [--cpp-only]
+       python scripts/compat.py --pinned [--rehearse] [TEST ...]   (``make installed``)
 
 1. a throwaway venv under .cache/compat/torch-VERSION with that torch from the package
    registry (pip's constraints file on some machines caps torch: it is lifted for this
@@ -19,6 +20,13 @@ Usage: python scripts/compat.py --torch 2.9.1 [--keep] [--record] [--cpp-only]
 ``--cpp-only`` does step 5 alone, with nothing but torch installed: the C++ program claims
 libtorch 2.0 and later, older than convlab's own floor (2.4), and this checks that claim.
 
+``--pinned`` is the installed mode on this venv's own (pinned) torch, with nothing
+downloaded, for ``make test``: a throwaway venv under .cache/installed on the same base
+Python reads the running venv's site-packages (torch, the test tools) through a ``.pth``
+file, convlab is installed into it as in step 2 (built offline with the running venv's
+setuptools), and the TEST files (default: all of tests/) run in the copy, so a test that
+reads the checkout's ``convlab/`` folder fails there; ``--rehearse`` adds step 6.
+
 Exit status 0 only if every chapter ran, no test failed and the C++ program agreed. With
 ``--record`` the result becomes one row of book/data/compat.csv (the intro's "Tested with" table).
 """
@@ -34,6 +42,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import time
 from pathlib import Path
 
@@ -89,8 +98,10 @@ def chapters() -> list[Path]:
 
 
 def copy_repository(dest: Path) -> None:
-    """The tracked files of the working tree (what a clone would hold), without .venv."""
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+    """The files of the working tree that a commit of it would hold (tracked, or new and
+    not ignored: no .venv, no caches)."""
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
+                            "--exclude-standard"], cwd=ROOT, capture_output=True,
                            check=True).stdout.split(b"\0")
     for name in filter(None, files):
         src = ROOT / name.decode()
@@ -102,6 +113,42 @@ def copy_repository(dest: Path) -> None:
             target = dest / name.decode()
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
+
+
+def install_convlab(py: Path, repo: Path, env: dict[str, str], log: Path,
+                    offline: bool = False) -> bool:
+    """Install convlab non-editable from the copy ``repo`` into ``py``'s venv, then remove
+    ``repo/convlab``, so every import in the copy sees the installed package (as on Colab).
+
+    ``offline``: no index and no build isolation (the build uses the setuptools ``py``
+    already sees), and a convlab that ``py`` sees outside its own venv (the running venv's
+    editable one, through :func:`pinned_venv`'s ``.pth``) is ignored, not uninstalled.
+    """
+    cmd = [str(py), "-m", "pip", "install", "-q", "--no-deps", str(repo)]
+    if offline:
+        cmd[5:5] = ["--no-index", "--no-build-isolation", "--ignore-installed"]
+    if run(cmd, log, env=env).returncode:
+        return False
+    shutil.rmtree(repo / "convlab")
+    return True
+
+
+def pinned_venv(venv: Path) -> Path:
+    """A fresh venv at ``venv`` on this interpreter's base Python that also reads this
+    interpreter's site-packages (one ``.pth`` line: the pinned torch and the test tools,
+    nothing downloaded); returns its interpreter.
+
+    Its own site-packages comes first on ``sys.path``, and the ``.pth`` files of the venv it
+    reads are not run, so the editable convlab of that venv stays out of sight.
+    """
+    shutil.rmtree(venv, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    purelib = subprocess.run([str(py), "-c", "import sysconfig; "
+                              "print(sysconfig.get_path('purelib'))"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    Path(purelib, "pinned-venv.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    return py
 
 
 def standalone_program(py: Path, repo: Path, env: dict[str, str], log: Path) -> str:
@@ -188,9 +235,56 @@ def record(row: dict[str, str]) -> None:
         writer.writerows(rows)
 
 
+def installed_here(tests: list[str], rehearse: bool) -> int:
+    """``--pinned``: the installed mode on this venv's torch (module docstring). The venv
+    and the copy are made anew each run; the C++ extension's build folder is kept."""
+    work = ROOT / ".cache" / "installed"
+    venv, repo, log = work / "venv", work / "repo", work / "log.txt"
+    shutil.rmtree(repo, ignore_errors=True)
+    work.mkdir(parents=True, exist_ok=True)
+    log.write_text(f"installed-mode run, {dt.datetime.now():%Y-%m-%d %H:%M}\n")
+    start = time.perf_counter()
+    py = pinned_venv(venv)
+    env = dict(os.environ, PIP_DISABLE_PIP_VERSION_CHECK="1")
+    env.pop("PYTHONPATH", None)
+    env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
+    env["TORCH_EXTENSIONS_DIR"] = str(work / "torch_extensions")
+    copy_repository(repo)
+    if not install_convlab(py, repo, env, log, offline=True):
+        print(f"installing convlab failed: see {log}", file=sys.stderr)
+        return 1
+    where = subprocess.run([str(py), "-c", "import convlab; print(convlab.__file__)"],
+                           capture_output=True, text=True, env=env, cwd=repo, check=False)
+    if where.returncode or not Path(where.stdout.strip()).is_relative_to(venv):
+        print(f"convlab is not imported from {venv}: {where.stdout}{where.stderr}",
+              file=sys.stderr)
+        return 1
+    # pip writes the files with the time of the install: give the C++ sources the
+    # checkout's times, so the kept extension build is reused while they are unchanged
+    package = Path(where.stdout.strip()).parent
+    for src in (ROOT / "convlab" / "aten" / "csrc").glob("*.cpp"):
+        installed = package / "aten" / "csrc" / src.name
+        if installed.is_file() and installed.read_bytes() == src.read_bytes():
+            shutil.copystat(src, installed)
+    print(f"convlab installed in {venv.relative_to(ROOT)}, the copy's convlab/ removed "
+          f"({time.perf_counter() - start:.0f} s)", flush=True)
+    tests_run = subprocess.run([str(py), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                *tests], cwd=repo, env=env, check=False)
+    colab = colab_rehearsal(py, env, work, log) if rehearse else "not run"
+    if rehearse:
+        print(f"Colab copies outside a checkout: {colab}", flush=True)
+    print(f"installed mode done in {time.perf_counter() - start:.0f} s", flush=True)
+    return 0 if tests_run.returncode == 0 and not colab.startswith("FAILED") else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--torch", required=True, help="torch version, e.g. 2.9.1")
+    parser.add_argument("--torch", help="torch version, e.g. 2.9.1")
+    parser.add_argument("--pinned", action="store_true",
+                        help="installed mode on this venv's torch, nothing downloaded")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="with --pinned: also the Colab rehearsal (step 6)")
+    parser.add_argument("tests", nargs="*", help="with --pinned: the test files to run")
     parser.add_argument("--keep", action="store_true", help="keep the venv for a rerun")
     parser.add_argument("--install-only", action="store_true",
                         help="only create the venv (implies --keep)")
@@ -199,6 +293,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--record", action="store_true",
                         help="write the result into book/data/compat.csv")
     args = parser.parse_args(argv)
+    if args.pinned:
+        if args.torch or args.record or args.cpp_only or args.install_only:
+            parser.error("--pinned runs on this venv's torch: no --torch, --record, "
+                         "--cpp-only or --install-only")
+        return installed_here(args.tests or ["tests"], args.rehearse)
+    if args.tests or args.rehearse:
+        parser.error("test files and --rehearse go with --pinned")
+    if args.torch is None:
+        parser.error("one of --torch VERSION or --pinned is required")
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", args.torch):
         parser.error(f"--torch must be a version like 2.9.1, got {args.torch!r}")
 
@@ -237,11 +340,9 @@ def main(argv: list[str] | None = None) -> int:
         if not args.keep:
             shutil.rmtree(repo, ignore_errors=True)
         return 0 if status == "ok" else 1
-    if run([str(py), "-m", "pip", "install", "-q", "--no-deps", str(repo)], log,
-           env=env).returncode:
+    if not install_convlab(py, repo, env, log):
         print(f"installing convlab failed: see {log}", file=sys.stderr)
         return 1
-    shutil.rmtree(repo / "convlab")
     version = subprocess.run([str(py), "-c", "import torch, sys; print(torch.__version__, "
                               "'%d.%d' % sys.version_info[:2])"], capture_output=True,
                              text=True, env=env, check=True).stdout.split()

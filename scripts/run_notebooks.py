@@ -26,8 +26,25 @@ def execute(path: Path, timeout: int = 900) -> float:
     resources = {"metadata": {"path": str(path.parent)}}
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources=resources)
     client.execute()
+    keep_metadata_edited_meanwhile(nb, nbformat.read(path, as_version=4), path)
     nbformat.write(nb, path)
     return time.perf_counter() - start
+
+
+def keep_metadata_edited_meanwhile(ran: nbformat.NotebookNode, now: nbformat.NotebookNode,
+                                   path: Path) -> None:
+    """Carry cell metadata (tags) changed on disk while ``ran`` executed into ``ran``; refuse
+    to write over a cell whose source changed meanwhile (that edit would be lost)."""
+    on_disk = {cell.get("id"): cell for cell in now.cells}
+    if list(on_disk) != [cell.get("id") for cell in ran.cells]:
+        raise SystemExit(f"{path}: cells were added or removed while it ran; nothing written, "
+                         "run it again")
+    for cell in ran.cells:
+        current = on_disk.get(cell.get("id"))
+        if current is None or current.source != cell.source:
+            raise SystemExit(f"{path}: cell {cell.get('id')} changed on disk while it ran; "
+                             "nothing written, run it again")
+        cell.metadata = current.metadata
 
 
 def main(argv: list[str]) -> int:

@@ -27,6 +27,18 @@ def read(path: Path) -> nbformat.NotebookNode:
     return nbformat.read(path, as_version=4)
 
 
+def included_file(rel: str) -> Path:
+    """A file a chapter inlines, by its path in the repository. convlab's own files are
+    read from the convlab that is imported: the checkout's, or an installed wheel's (which
+    carries ``convlab/aten/csrc/*.cpp`` as package data, pyproject.toml), as on Colab and
+    in ``make installed``, where the checkout's ``convlab/`` is gone."""
+    if rel.startswith("convlab/"):
+        import convlab
+
+        return Path(convlab.__file__).resolve().parent / rel.removeprefix("convlab/")
+    return ROOT / rel
+
+
 def copy_of(source: Path) -> nbformat.NotebookNode:
     path = colab_copies.copy_path(source)
     assert path.is_file(), f"{path.relative_to(ROOT)} is missing: {REGENERATE}"
@@ -61,7 +73,7 @@ def test_copy_is_up_to_date(source: Path) -> None:
         f"{source.name} changed after its Colab copy was written: {REGENERATE}"
     )
     for rel, digest in meta.get("included_sha256", {}).items():
-        assert colab_copies.sha256(ROOT / rel) == digest, (
+        assert colab_copies.sha256(included_file(rel)) == digest, (
             f"{rel}, which {source.name} includes, changed after the copy was written: "
             f"{REGENERATE}")
 

@@ -116,9 +116,9 @@ def test_builds_without_deprecated_c10_aliases(program: Path, tmp_path: Path) ->
     assert done.returncode == 0, done.stderr[-3000:]
 
 
-@pytest.mark.parametrize(("version", "std"), [("2.4.1", "c++17"), ("2.12.0+cpu", "c++17"),
-                                              ("2.13.0", "c++20"), ("2.15.0.dev20260101", "c++20"),
-                                              ("3.0.0", "c++20")])
+@pytest.mark.parametrize(("version", "std"), [("2.4.1", "c++17"), ("2.11.0+cpu", "c++17"),
+                                              ("2.12.0", "c++20"), ("2.13.0", "c++20"),
+                                              ("2.15.0.dev20260101", "c++20"), ("3.0.0", "c++20")])
 def test_cxx_standard_follows_the_torch_version(version: str, std: str) -> None:
     assert standalone.cxx_standard(version) == std
 
@@ -126,7 +126,7 @@ def test_cxx_standard_follows_the_torch_version(version: str, std: str) -> None:
 def test_installed_wheel_asks_for_the_standard_we_use() -> None:
     """What the wheel's own CMake config sets on its torch target is what we compile with."""
     config = Path(torch.utils.cmake_prefix_path) / "Torch" / "TorchConfig.cmake"
-    # "CXX_STANDARD 20" (2.13) or "target_compile_features(torch INTERFACE cxx_std_20)" (2.15)
+    # "CXX_STANDARD 20" (from 2.12) or "target_compile_features(torch INTERFACE cxx_std_20)"
     found = re.search(r"CXX_STANDARD (\d+)|cxx_std_(\d+)", config.read_text())
     wanted = int(standalone.cxx_standard().removeprefix("c++"))
     if found is None:  # older wheels set no standard on the target

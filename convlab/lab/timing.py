@@ -53,9 +53,13 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
-from torch.utils.benchmark import Timer
+
+if TYPE_CHECKING:  # imported where used: torch.utils.benchmark imports cpp_extension, which
+    # warns on a CUDA wheel without a CUDA runtime, so importing convlab must not
+    from torch.utils.benchmark import Timer
 
 ALPHA = 0.05
 BAND_QUANTILE = 0.95
@@ -236,6 +240,8 @@ def interleaved(
 
     def context(name: str) -> AbstractContextManager[object]:
         return around[name]() if name in around else contextlib.nullcontext()
+
+    from torch.utils.benchmark import Timer
 
     timers = {name: Timer(stmt="fn()", globals={"fn": fn}, num_threads=per_fn[name],
                           timer=read_clock)

@@ -26,16 +26,21 @@ class CudaToolkitMissing(RuntimeError):
 
 
 def cxx_standard(version: str = torch.__version__) -> str:
-    """The ``-std=`` value libtorch ``version`` needs: ``c++20`` from 2.13, else ``c++17``.
+    """The ``-std=`` value libtorch ``version`` needs: ``c++20`` from 2.12, else ``c++17``.
 
-    Why: 2.13's headers use C++20 features (its ``TorchConfig.cmake`` sets ``CXX_STANDARD
-    20`` and ``cpp_extension`` compiles with ``-std=c++20``); older releases build as C++17.
+    Why: from 2.12 the wheel's ``TorchConfig.cmake`` sets ``CXX_STANDARD 20`` on its
+    ``torch`` target and ``cpp_extension`` compiles with ``-std=c++20``: PyTorch's
+    ``cmake/TorchConfig.cmake.in`` and top-level ``CMakeLists.txt`` moved from 17 to 20 in
+    pytorch/pytorch#167929, merged to main after the 2.11 release branch was cut (and
+    ``cpp_extension``'s default in #176659, also after it). 2.11 and older build as C++17.
+    The wheel's own setting is checked against this in
+    ``tests/test_standalone_cpp.py::test_installed_wheel_asks_for_the_standard_we_use``.
 
-    >>> cxx_standard("2.12.1+cpu"), cxx_standard("2.13.0")
+    >>> cxx_standard("2.11.0+cpu"), cxx_standard("2.12.0")
     ('c++17', 'c++20')
     """
     major, minor = (int(part) for part in version.split("+")[0].split(".")[:2])
-    return "c++20" if (major, minor) >= (2, 13) else "c++17"
+    return "c++20" if (major, minor) >= (2, 12) else "c++17"
 
 
 def compile_command(output: Path, source: Path = SOURCE / "main.cpp",

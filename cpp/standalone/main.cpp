@@ -7,7 +7,7 @@
 //      buffers.
 // Run with the argument "abort-demo" to make the empty-batch call that aborts,
 // or "out-limits" to print the errors of the out= calls' unsupported uses.
-// Builds against libtorch 2.0 and later (C++17 up to 2.12, C++20 from 2.13:
+// Builds against libtorch 2.0 and later (C++17 up to 2.11, C++20 from 2.12:
 // CMakeLists.txt picks it). An absent bias_sizes is at::OptionalIntArrayRef{},
 // whose default constructor every version has: std::nullopt does not convert
 // to it on 2.0 and 2.1, and in 2.13 c10::nullopt is a deprecated alias of

@@ -13,15 +13,20 @@
 * ``static/book.css`` and ``static/book.js``: content that fits its column (words wrap at
   word boundaries, wide tables and equations scroll in their box with a visible cue), long
   outputs that fold, phone drawers that close after a tap, no stale search highlights,
-  40 px tap targets, no fullscreen button on phones, code lines that wrap in print.
+  40 px tap targets, no fullscreen button on phones, code lines that wrap in print; code
+  and outputs on a phone wrap at token boundaries only, and no number breaks at its ".".
 * API signatures show defaults as written in the source (``math.nan``, ``list()``, the
   lambda's text) instead of their reprs (``nan``, ``<factory>``, ``<function <lambda>>``):
   ``autodoc_preserve_defaults`` covers functions, :func:`readable_signature` the
   generated ``__init__`` of dataclasses.
 * The Colab launch button opens the chapter's clean copy under ``colab/`` (written by
   ``scripts/colab_copies.py``: no MyST syntax), not the book's source notebook.
-* Search ranks the glossary entry named by the query first, then the chapters
-  (``search_scorer.js``, :func:`use_search_scorer`).
+* Search ranks the glossary entry named by the query first, then the chapters by
+  relevance, one result per page (``search_scorer.js``, :func:`use_search_scorer`; the
+  chapters' data comes from ``book_search.py``).
+* The "Open issue" button's new issue names the page instead of the theme's "Your issue
+  content here." (:func:`issue_body`); on a chapter the header's ".ipynb" download is the
+  clean notebook of ``downloads/``, not the MyST source (:func:`notebook_download`).
 * When ``make pdf`` has written ``_build/pdf/book.pdf``, the page's download menu links the
   whole-book PDF (copied into the site); without that file there is no link.
 
@@ -38,6 +43,7 @@ import shutil
 import textwrap
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 from docutils import nodes
 from sphinx.application import Sphinx
@@ -61,6 +67,8 @@ OPAQUE_DEFAULT = re.compile(r"^(<factory>|<function .*>|<.* object at 0x[0-9a-f]
 FONTAWESOME_JS = re.compile(r'\s*<script src="[^"]*/fontawesome/[^"]*/all\.min\.js[^"]*"></script>')
 # TeX delimiters MathJax looks for in raw HTML (e.g. an output's text/html).
 RAW_TEX = re.compile(r"\\\(|\\\[|\$\$")
+# A chapter's page name (its notebook has a clean copy in downloads/, _ext/book_actions.py).
+CHAPTER_PAGE = re.compile(r"^book/\d\d_\w+$")
 
 
 def _script_key(script: Any) -> tuple[str, tuple[tuple[str, str], ...]]:
@@ -230,6 +238,46 @@ def link_book_pdf(app: Sphinx, exception: Exception | None) -> None:
             page.write_text(new, encoding="utf-8")
 
 
+def issue_body(
+    app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
+) -> None:
+    """The "Open issue" button's new issue names the page's address and asks what is wrong
+    (sphinx-book-theme writes the body "Your issue content here.")."""
+    page = f"{str(app.config.html_baseurl or '').rstrip('/')}/{pagename}.html"
+    body = quote(f"Page: {page}\n\nWhat is wrong or unclear (quote the sentence, code or "
+                 "output; say which browser or Colab):\n\n", safe="")
+
+    def fix(buttons: list[dict[str, Any]]) -> None:
+        for button in buttons:
+            if isinstance(button, dict) and button.get("buttons"):
+                fix(button["buttons"])
+            elif isinstance(button, dict) and button.get("label") == "source-issues-button":
+                button["url"] = re.sub(r"&body=[^&]*", f"&body={body}", button["url"])
+
+    fix(context.get("header_buttons") or [])
+
+
+def notebook_download(
+    app: Sphinx, pagename: str, templatename: str, context: dict[str, Any], doctree: Any
+) -> None:
+    """On a chapter, the header's "Download this page -> .ipynb" gives the same clean
+    notebook as the labelled "Download notebook" button (``downloads/``, the Colab copy),
+    not the MyST source under ``_sources/`` with its raw ``{term}`` roles."""
+    if not CHAPTER_PAGE.match(pagename):
+        return
+    target = context["pathto"](f"downloads/{pagename.rsplit('/', 1)[-1]}.ipynb", 1)
+
+    def fix(buttons: list[dict[str, Any]]) -> None:
+        for button in buttons:
+            if isinstance(button, dict) and button.get("buttons"):
+                fix(button["buttons"])
+            elif isinstance(button, dict) and str(button.get("url", "")).endswith(
+                    f"_sources/{pagename}.ipynb"):
+                button["url"] = target
+
+    fix(context.get("header_buttons") or [])
+
+
 def use_search_scorer(app: Sphinx, config: Any) -> None:
     """Rank search results with ``search_scorer.js``: the glossary entry named by the query,
     then the chapters, then the rest (Sphinx ranked API objects and a second glossary entry
@@ -245,5 +293,8 @@ def setup(app: Sphinx) -> dict[str, Any]:
     app.connect("build-finished", link_book_pdf)
     # A late priority, so that scripts added by other handlers (MathJax's) are seen too.
     app.connect("html-page-context", tidy_scripts, priority=900)
+    # After sphinx-book-theme's own header buttons (priority 501).
+    app.connect("html-page-context", issue_body, priority=600)
+    app.connect("html-page-context", notebook_download, priority=600)
     app.connect("build-finished", drop_fontawesome_script)
     return {"parallel_read_safe": True, "parallel_write_safe": True, "version": "1.2"}

@@ -5,7 +5,8 @@ and figure numbers), serves it on 127.0.0.1, waits for MathJax, and prints it wi
 Playwright's ``page.pdf`` driving ``/usr/bin/chromium`` (``playwright install`` is not
 needed). The print stylesheet (``_ext/static/book.css``) wraps long code lines instead of
 cutting them, leaves out the web controls ("Show code cell source" toggles, buttons) and
-keeps each figure on one page with its caption. Folded content prints open. The API
+keeps each figure on one page with its caption. Folded content prints open; each chapter's
+exercise solutions print at the chapter's end (``SOLUTIONS_JS``). The API
 reference is left out of the reader's PDF (it was 35 % of the pages): one paragraph points
 to it on the site, and links into it go there (``--with-api`` keeps it, after the chapters).
 Writes ``_build/pdf/book.pdf`` and refuses one with a near-blank page (a code box or
@@ -31,7 +32,7 @@ CONFIG = ROOT / "_config.yml"
 # The singlehtml marker of the API reference's first page (``_toc.yml``: book/api).
 API_DOC = "book/api"
 # Texts of web controls that must not print.
-WEB_CONTROLS = ("Show code cell", "Hide code cell", "Copy to clipboard")
+WEB_CONTROLS = ("Show code cell", "Hide code cell", "Hide the solution", "Copy to clipboard")
 # Runs in the page before printing: folded content opens (sphinx-togglebutton's admonitions
 # and <details>); the API reference goes, its links pointing to the site; links to anchors
 # of this document become links inside the PDF.
@@ -74,6 +75,45 @@ PREPARE_JS = """
     else if (document.getElementById(id)) a.setAttribute('href', '#' + id);
   }
   return {removed, retargeted};
+}
+"""
+# Runs in the page before printing: each chapter's exercise solutions (the cells that
+# _ext/book_solutions.py folds, class "solution") move, opened, to a "Solutions" section
+# at the chapter's end, each under its exercise's title; a line under the question points
+# there. A chapter is what follows a singlehtml "document-" marker (the whole article when
+# there is none). Returns how many solutions moved.
+SOLUTIONS_JS = """
+() => {
+  const markers = [...document.querySelectorAll('span[id^="document-"]')];
+  const chapters = markers.length
+    ? markers.map(m => m.nextElementSibling).filter(e => e && e.matches('section'))
+    : [...document.querySelectorAll('.bd-article > section, article > section')].slice(0, 1);
+  let moved = 0;
+  for (const chapter of chapters) {
+    const cells = [...chapter.querySelectorAll('div.cell.solution')];
+    if (!cells.length) continue;
+    const end = document.createElement('section');
+    end.className = 'print-solutions';
+    const title = document.createElement('h2');
+    title.textContent = 'Solutions';
+    end.append(title);
+    for (const cell of cells) {
+      const section = cell.closest('section');
+      const heading = section && section.querySelector(':scope > :is(h2, h3, h4)');
+      const name = heading ? heading.textContent.replace(/#$/, '').trim() : 'Exercise';
+      const note = document.createElement('p');
+      note.className = 'print-solution-note';
+      note.textContent = `The solution is at the end of the chapter (Solutions, ${name}).`;
+      cell.before(note);
+      const label = document.createElement('h3');
+      label.textContent = name;
+      end.append(label, cell);
+      cell.querySelectorAll('details').forEach(d => { d.open = true; });
+      moved++;
+    }
+    chapter.append(end);
+  }
+  return moved;
 }
 """
 # Visible texts of web controls in the print layout (must be none).
@@ -152,6 +192,7 @@ def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> None
                 )
                 page.evaluate("() => MathJax.startup.promise")
             done = page.evaluate(PREPARE_JS, [API_DOC, site_url(), not with_api])
+            page.evaluate(SOLUTIONS_JS)
             if not with_api and not done["removed"]:
                 raise SystemExit(f"no #document-{API_DOC} in the single page: API not found")
             page.emulate_media(media="print")

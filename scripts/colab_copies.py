@@ -4,7 +4,8 @@ Colab renders plain Markdown, so the book's MyST syntax shows there as raw text.
 ``colab/NN_name.ipynb`` keeps the chapter's code cells and outputs as they are and rewrites
 its Markdown: roles (``{term}``, ``{py:func}``, ``{doc}``, ``{ref}``, ``{numref}``,
 ``{cite}``) become links to the book's site, directives (admonitions, literalinclude, math,
-table) become blockquotes, code blocks and tables, labels ``(name)=`` go. Link targets come
+table) become blockquotes, code blocks and tables, labels ``(name)=`` go. Each exercise's
+solution cell is folded (``FOLDED``: Colab's hidden code, the nbformat flags). Link targets come
 from the built site's ``objects.inv``, so build the book first::
 
     make book && .venv/bin/python scripts/colab_copies.py
@@ -258,6 +259,35 @@ class Converter:
         return re.sub(r"\n{3,}", "\n\n", text).strip("\n")
 
 
+# An exercise's solution: a code cell of the chapter's "## Exercises" section tagged
+# hide-input (as _ext/book_solutions.py finds it for the site).
+EXERCISES = re.compile(r"^(#{1,2})\s+Exercises\s*$", re.M)
+HEADING = re.compile(r"^(#{1,6})\s", re.M)
+SOLUTION_TAG = "hide-input"
+# What a folded cell carries: Colab's own hide-code flag (`cellView: form`, its "Show code"
+# bar), the nbformat standard that JupyterLab and VS Code read (`jupyter.source_hidden`,
+# `jupyter.outputs_hidden`) and classic Jupyter's collapsed output.
+FOLDED = {"cellView": "form", "collapsed": True,
+          "jupyter": {"source_hidden": True, "outputs_hidden": True}}
+
+
+def solution_cells(nb: nbformat.NotebookNode) -> list[int]:
+    """Indices of the solution cells: code cells tagged hide-input in the Exercises section."""
+    found, level = [], 0
+    for i, cell in enumerate(nb.cells):
+        if cell.cell_type == "markdown":
+            opening = EXERCISES.search(cell.source)
+            if opening:
+                level = len(opening.group(1))
+                continue
+            heading = HEADING.match(cell.source.lstrip())
+            if level and heading and len(heading.group(1)) <= level:
+                level = 0
+        elif level and cell.cell_type == "code" and SOLUTION_TAG in cell.metadata.get("tags", []):
+            found.append(i)
+    return found
+
+
 def sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -281,6 +311,8 @@ def colab_copy(source: Path, inventory: Inventory) -> tuple[nbformat.NotebookNod
                 data = output.get("data", {})
                 if "text/markdown" in data:
                     data["text/markdown"] = converter.markdown(data["text/markdown"])
+    for i in solution_cells(nb):
+        nb.cells[i].metadata.update(FOLDED)
     page = site_url(f"{docname}.html")
     nb.metadata[META_KEY] = {
         "source": source.relative_to(ROOT).as_posix(),

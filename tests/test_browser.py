@@ -8,7 +8,9 @@ Every page is opened once at 1366 px (a laptop) and once at 390 px (a phone) and
 for console errors, broken images, math that MathJax did not typeset, raw TeX, dead
 internal links and anchors, requests that leave 127.0.0.1, content wider than its column,
 figures without caption or real alt text, and page weight. The navigation buttons, the
-colour-mode button and the landing page's structure are tried as a reader would. Screenshots
+colour-mode button and the landing page's structure are tried as a reader would, and so are
+the search (ten queries a reader typed), the folded exercise solutions and line breaks
+(none inside a number, nor inside a name in code on a phone). Screenshots
 of the landing page and the first chapter at both widths go to ``_build/screenshots/``.
 """
 
@@ -977,6 +979,113 @@ def test_no_word_is_split_mid_identifier(visits: dict) -> None:
     assert not problems, report(problems)
 
 
+# ---- Line breaks inside numbers and code names (both widths, the chapters and landing) ----
+
+# Breaks inside a token, read from the layout: a token's characters on two lines. Text is
+# joined across inline elements (a <wbr> or a highlighting span splits a text node) within
+# one block. Everywhere: a number or version with its dots ("x1.15", "1.24", "SSE4.1",
+# "2.11.0", "Fig. 1.2"'s "1.2"). In code and output boxes also any name or number
+# ([A-Za-z0-9_]: "convolution_backward" must not wrap as "convolu|tion_backward", nor at its
+# underscores; a break before or after ".", "(", "," or a space is a token boundary).
+TOKEN_SPLITS_JS = """
+() => {
+  const NUMBER = /(?<![A-Za-z0-9_.])[A-Za-z_]*[0-9]+(?:\\.[0-9]+)+/g;
+  const NAME = /[A-Za-z0-9_]{2,}(?:\\.[0-9]+)*/g;
+  const inline = new Map();
+  const isInline = (e) => {
+    if (!inline.has(e)) inline.set(e, getComputedStyle(e).display === 'inline');
+    return inline.get(e);
+  };
+  const blockOf = (e) => { while (e.parentElement && isInline(e)) e = e.parentElement; return e; };
+  const groups = [];
+  for (const sel of ['.bd-article']) {
+    const root = document.querySelector(sel);
+    if (!root) continue;
+    const walker = document.createTreeWalker(root, NodeFilter.SHOW_TEXT);
+    let last = null;
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      const el = n.parentElement;
+      if (!el || el.closest('script, style, mjx-container, .MathJax')) { last = null; continue; }
+      const block = blockOf(el);
+      if (!last || last.block !== block) {
+        if (!block.checkVisibility()) { last = null; continue; }
+        last = {block, nodes: [], starts: [], text: '', code: !!el.closest('pre')};
+        groups.push(last);
+      }
+      last.starts.push(last.text.length);
+      last.nodes.push(n);
+      last.text += n.textContent;
+    }
+  }
+  const range = document.createRange();
+  const at = (g, i) => {  // the text node and offset of character i of a group
+    let k = g.starts.length - 1;
+    while (g.starts[k] > i) k--;
+    return [g.nodes[k], i - g.starts[k]];
+  };
+  const top = (g, i) => {
+    range.setStart(...at(g, i));
+    range.setEnd(...at(g, i + 1));
+    const r = [...range.getClientRects()].filter(r => r.width > 0);
+    return r.length ? Math.round(r[0].top) : null;
+  };
+  const splits = [];
+  for (const g of groups) {
+    const seen = new Set();
+    for (const pattern of g.code ? [NUMBER, NAME] : [NUMBER]) {
+      for (const m of g.text.matchAll(pattern)) {
+        if (seen.has(m.index)) continue;
+        seen.add(m.index);
+        const end = m.index + m[0].length;
+        const [lastNode, lastOffset] = at(g, end - 1);
+        range.setStart(...at(g, m.index));
+        range.setEnd(lastNode, lastOffset + 1);
+        const rects = [...range.getClientRects()].filter(r => r.width > 0);
+        if (new Set(rects.map(r => Math.round(r.top))).size < 2) continue;
+        const first = top(g, m.index);
+        let k = 1;
+        while (k < m[0].length && (top(g, m.index + k) ?? first) - first < 2) k++;
+        if (k >= m[0].length) continue;
+        const where = g.block.closest('div.cell') ? (g.code ? 'code' : 'cell') : 'text';
+        splits.push(`${where}: "${m[0].slice(0, k)}|${m[0].slice(k, 40)}"`);
+      }
+    }
+  }
+  return splits;
+}
+"""
+
+
+def token_splits(browser: object, site: str, width: int) -> dict[str, list[str]]:
+    """The splits inside numbers and code names on the landing page and each chapter."""
+    found = {}
+    context = new_context(browser, width)
+    try:
+        for page in [pages()[0]] + [f"{c}.html" for c in chapters()]:
+            tab = open_page(context, site + page, Visit(page, width))
+            tab.wait_for_timeout(200)  # book.js's breaks and code lines
+            found[page] = tab.evaluate(TOKEN_SPLITS_JS)
+            tab.close()
+    finally:
+        context.close()
+    return found
+
+
+@pytest.mark.parametrize("width", [PHONE, WIDE])
+def test_no_line_break_inside_a_number_or_a_code_name(
+    site: str, browser: object, width: int
+) -> None:
+    """A number never wraps at its decimal point ("1.|24", "SSE4.|1"), and on a phone code
+    wraps at token boundaries (after ",", "(", "." or a space), never inside a name
+    ("convolu|tion_backward"); an unbreakable name longer than the line scrolls instead."""
+    found = token_splits(browser, site, width)
+    total = sum(len(s) for s in found.values())
+    problems = [f"{page} @{width}: {s}" for page, splits in found.items() for s in splits]
+    print(f"@{width}: {total} splits; per page:",
+          {p: len(s) for p, s in found.items() if s})
+    assert not problems, report(problems)
+
+
 def test_no_display_equation_is_wider_than_the_column(visits: dict) -> None:
     """At 390 px too: a long equation is split over lines (``aligned``), not cut off."""
     problems = [
@@ -1189,7 +1298,7 @@ def print_view(tab: object) -> dict:
       const shown = e => e.checkVisibility();
       const controls = [...document.querySelectorAll('body *')].filter(e =>
         e.children.length === 0 && shown(e)
-        && /^(Show|Hide) code cell/.test((e.textContent || '').trim()));
+        && /^((Show|Hide) code cell|Hide the solution)/.test((e.textContent || "").trim()));
       const figures = [...document.querySelectorAll('.bd-article figure')].filter(shown);
       return {
         toggles: document.querySelectorAll('details.hide summary').length,
@@ -1226,6 +1335,61 @@ def test_print_layout_has_no_web_controls_and_keeps_figures_whole(
                 problems.append(f"{entry}: {d['split']} of {d['figures']} figures may split")
     finally:
         context.close()
+    assert not problems, report(problems)
+
+
+SOLUTIONS_JS = """
+() => [...document.querySelectorAll('.bd-article div.cell.solution')].map(cell => {
+  const fold = cell.querySelector('details.hide');
+  const label = fold && [...fold.querySelectorAll(':scope > summary p')]
+    .filter(p => p.checkVisibility()).map(p => p.textContent.trim()).join(' ');
+  return {
+    folded: !!fold && !fold.open,
+    label,
+    inputInside: !!(fold && fold.querySelector('.cell_input')),
+    outputInside: !cell.querySelector('.cell_output')
+      || !!(fold && fold.querySelector('.cell_output')),
+    shown: [...cell.querySelectorAll('.cell_input, .cell_output')]
+      .filter(e => e.checkVisibility()).length,
+  };
+})
+"""
+
+
+@pytest.mark.parametrize("width", [WIDE, PHONE])
+def test_exercise_solutions_fold_code_and_output_under_solution(
+    site: str, browser: object, width: int
+) -> None:
+    """Each chapter's three solutions fold whole (code and printed answer) under a toggle
+    labelled "Solution" (_ext/book_solutions.py); opened, both show."""
+    context = new_context(browser, width)
+    problems, total = [], 0
+    try:
+        for entry in chapters():
+            tab = open_page(context, f"{site}{entry}.html", Visit(entry, width))
+            closed = tab.evaluate(SOLUTIONS_JS)
+            total += len(closed)
+            if len(closed) != 3:
+                problems.append(f"{entry}: {len(closed)} folded solutions, not 3")
+            for i, cell in enumerate(closed, 1):
+                if not (cell["folded"] and cell["inputInside"] and cell["outputInside"]):
+                    problems.append(f"{entry} solution {i}: code and output not both folded")
+                if cell["label"] != "Solution" or cell["shown"]:
+                    problems.append(f"{entry} solution {i}: toggle {cell['label']!r}, "
+                                    f"{cell['shown']} parts shown while folded")
+            toggles = tab.locator(".bd-article div.cell.solution details.hide > summary")
+            for i in range(toggles.count()):
+                toggles.nth(i).click()
+            tab.wait_for_timeout(200)
+            opened = tab.evaluate(SOLUTIONS_JS)
+            for i, cell in enumerate(opened, 1):
+                if not cell["shown"] or cell["label"] != "Hide the solution":
+                    problems.append(f"{entry} solution {i}: opened, shows {cell['shown']} "
+                                    f"parts under {cell['label']!r}")
+            tab.close()
+    finally:
+        context.close()
+    assert total == 3 * len(chapters()), f"{total} solutions on {len(chapters())} chapters"
     assert not problems, report(problems)
 
 
@@ -1377,6 +1541,77 @@ def test_search_shows_one_glossary_entry_then_the_chapters(
     finally:
         context.close()
     assert not problems, report(problems)
+
+
+# The ten queries a reader tried (round 5 of the reader test) and the chapters that teach
+# each: the title, a section title or the glossary entry names it. One of them must be in
+# the top 3 (the glossary entry of the term is usually first).
+QUERY_CHAPTERS = {
+    "finput": ("02_from_scratch",),
+    "convolution_backward": ("04_derivatives_yaml", "05_calling_native"),
+    "output_mask": ("11_calling_contract", "04_derivatives_yaml"),
+    "cudnn": ("03_dispatch", "07_backends_performance"),
+    "double backward": ("06_double_backward",),
+    "thnn_conv2d_backward": ("12_migration_cookbook", "08_then_and_now", "02_from_scratch"),
+    "mkldnn": ("03_dispatch",),
+    "per-sample": ("09_beyond",),
+    "deterministic": ("10_determinism_accuracy",),
+    "derivatives.yaml": ("04_derivatives_yaml",),
+}
+SNIPPETS_JS = """
+() => [...document.querySelectorAll('#search-results li')].map(li => ({
+  href: (li.querySelector('a') || {}).href || '',
+  context: (li.querySelector('.context') || {textContent: ''}).textContent,
+  // Highlights inside a longer word ("per" in "property"): a letter or digit beside it.
+  highlights: [...li.querySelectorAll('.highlighted')].map(e => ({
+    text: e.textContent.toLowerCase(),
+    inside: /[A-Za-z0-9]/.test((e.previousSibling && e.previousSibling.textContent || '')
+      .slice(-1) + (e.nextSibling && e.nextSibling.textContent || '').slice(0, 1)),
+  })),
+}))
+"""
+
+
+@pytest.mark.parametrize("width", [WIDE, PHONE])
+@pytest.mark.parametrize("query", list(QUERY_CHAPTERS))
+def test_search_ranks_the_chapter_about_the_query_in_the_top_3(
+    site: str, browser: object, query: str, width: int
+) -> None:
+    """A chapter that teaches the query is in the top 3; no page twice; the snippets come
+    from the text around the query (no print-only contents list, no raw TeX) and the
+    query is highlighted as typed ("per-sample", not "per" in "property")."""
+    wanted = QUERY_CHAPTERS[query]
+    context = new_context(browser, width)
+    problems = []
+    try:
+        tab = context.new_page()
+        hits = [result_target(h) for h in search_results(tab, site, query)]
+        tab.wait_for_timeout(1500)  # the snippets are fetched page by page
+        shown = tab.evaluate(SNIPPETS_JS)
+    finally:
+        context.close()
+    pages_ = [h.split("#")[0] for h in hits]
+    targets = [f"{Path(w).name}.html" for w in wanted]
+    rank = next((i + 1 for i, p in enumerate(pages_) if p in targets), None)
+    print(f"{query!r} @{width}: rank {rank}")
+    if rank is None or rank > 3:
+        problems.append(f"{wanted} at rank {rank}; top 3: {hits[:3]}")
+    twice = sorted({p for p in pages_ if pages_.count(p) > 1})
+    if twice:
+        problems.append(f"pages listed twice: {twice}")
+    words = re.findall(r"\w+", query.lower())
+    typed = set(query.lower().split())
+    for item in shown[:5]:
+        where = result_target(item["href"])
+        text = " ".join(item["context"].split())
+        if text and RAW_TEX.search(text):
+            problems.append(f"raw TeX in the snippet of {where}: {text[:80]}")
+        if text and not any(w in text.lower() for w in words):
+            problems.append(f"the snippet of {where} lacks the query: {text[:80]}")
+        partial = [h["text"] for h in item["highlights"] if h["inside"] and h["text"] not in typed]
+        if partial:
+            problems.append(f"{where} highlights parts of words: {partial[:3]}")
+    assert not problems, f"{query!r}: " + report(problems)
 
 
 @pytest.mark.parametrize("width", [WIDE, PHONE])

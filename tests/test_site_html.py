@@ -8,12 +8,14 @@ compat``, which installs only the test tools) the site cannot be built, and they
 from __future__ import annotations
 
 import ast
+import json
 import os
 import re
 import sys
 import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
+from urllib.parse import unquote
 
 import nbformat
 import pytest
@@ -145,3 +147,67 @@ def test_search_page_carries_the_book_scorer() -> None:
     pages()
     data = (HTML / "_static" / "language_data.js").read_text(encoding="utf-8")
     assert "var Scorer" in data and "book/glossary" in data, "the search scorer is missing"
+
+
+def test_search_page_alone_loads_the_chapter_data() -> None:
+    """_ext/book_search.py: search.html loads _static/search_data.js (titles, headings and
+    word weights of every chapter, the glossary's links to chapters); other pages do not."""
+    found = pages()
+    search = (HTML / "search.html").read_text(encoding="utf-8")
+    assert "_static/search_data.js" in search, "search.html does not load search_data.js"
+    text = (HTML / "_static" / "search_data.js").read_text(encoding="utf-8")
+    data = json.loads(text.removeprefix("var BOOK_SEARCH = ").rstrip().rstrip(";"))
+    chapters = [n for n in data["pages"] if re.match(r"book/\d\d_", n)]
+    assert len(chapters) == len(chapter_names()), f"search data for {len(chapters)} chapters"
+    assert all(data["pages"][n]["headings"] for n in chapters), "a chapter without headings"
+    assert data["words"], "no word weights"
+    loading = [p.name for p in found if p.name != "search.html"
+               and "search_data.js" in p.read_text(encoding="utf-8")]
+    assert not loading, f"pages that load the search data for nothing: {loading[:5]}"
+
+
+def test_downloaded_notebooks_fold_the_solutions() -> None:
+    """Each chapter's Colab copy (the download) folds its three exercise solutions: Colab's
+    hidden code (cellView: form) and the nbformat flags JupyterLab reads."""
+    import colab_copies
+
+    pages()
+    problems = []
+    for name in chapter_names():
+        nb = nbformat.read(DOWNLOADS / f"{name}.ipynb", as_version=4)
+        found = colab_copies.solution_cells(nb)
+        if len(found) != 3:
+            problems.append(f"{name}: {len(found)} solution cells, not 3")
+        for i in found:
+            meta = nb.cells[i].metadata
+            if meta.get("cellView") != "form" or not meta.get("jupyter", {}).get(
+                    "source_hidden") or not meta.get("jupyter", {}).get("outputs_hidden"):
+                problems.append(f"{name}: cell {i} is a solution but not folded: {dict(meta)}")
+    assert not problems, "\n".join(problems)
+
+
+def test_issue_button_names_the_page() -> None:
+    """The "Open issue" button's new issue names the page, not "Your issue content here."."""
+    problems = []
+    for path in pages():
+        page = path.relative_to(HTML).as_posix()
+        for href in re.findall(r'href="([^"]*/issues/new[^"]*)"', path.read_text("utf-8")):
+            body = unquote(href.replace("&amp;", "&").split("&body=", 1)[-1])
+            if "Your issue content here" in body or page not in body:
+                problems.append(f"{page}: issue body {body[:60]!r}")
+    assert not problems, "\n".join(problems[:20])
+
+
+def test_header_ipynb_download_is_the_clean_notebook() -> None:
+    """On a chapter the header's ".ipynb" download is ``downloads/NN.ipynb`` (the notebook
+    the labelled button gives), not the MyST source under ``_sources/``."""
+    pages()
+    problems = []
+    for name in chapter_names():
+        page = HTML / "book" / f"{name}.html"
+        html = page.read_text(encoding="utf-8")
+        if f"_sources/book/{name}.ipynb" in html:
+            problems.append(f"{name}: links _sources/book/{name}.ipynb")
+        if f'href="../downloads/{name}.ipynb"' not in html:
+            problems.append(f"{name}: no link to downloads/{name}.ipynb")
+    assert not problems, "\n".join(problems)

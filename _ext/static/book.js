@@ -36,13 +36,24 @@
   // Long identifiers (`convlab.lab.bench.check_threads(threads)`, a path) have no place
   // to wrap, so the browser would cut them anywhere: offer a break after ".", "/", "(",
   // "," and "=" instead (a <wbr>, which copies as nothing), and in a snake_case name
-  // longer than LONG_WORD after its underscores.
+  // longer than LONG_WORD after its underscores. Never at the "." of a number or version
+  // ("1.24", "SSE4.1", "2.11.0"): no break after a "." with a digit on either side.
+  // Put a <wbr> between the parts of a text node (and after it, for a "tail").
+  const replaceWithBreaks = (node, parts, tail) => {
+    const fragment = document.createDocumentFragment();
+    parts.forEach((part, i) => {
+      if (i) fragment.append(document.createElement("wbr"));
+      fragment.append(part);
+    });
+    if (tail) fragment.append(document.createElement("wbr"));
+    node.replaceWith(fragment);
+  };
   const BREAKABLE = ".bd-article :not(pre) > code, .bd-article dt.sig, .bd-article a, "
     + ".bd-article :is(h1, h2, h3, h4, h5, h6), .bd-sidebar-primary a, "
     + ".bd-sidebar-secondary a, .bd-article table td, .bd-article table th";
   const LONG_WORD = /[A-Za-z0-9_]{24,}/;
-  const AFTER = /(?<=[./(,=])(?=[^\s./(,=)])/;
-  const AFTER_UNDERSCORE = /(?<=[./(,=]|[A-Za-z0-9]_)(?=[^\s./(,=)_])/;
+  const AFTER = /(?<=[/(,=]|(?<![0-9])\.(?![0-9]))(?=[^\s./(,=)])/;
+  const AFTER_UNDERSCORE = /(?<=[/(,=]|(?<![0-9])\.(?![0-9])|[A-Za-z0-9]_)(?=[^\s./(,=)_])/;
   const addBreaks = (roots = document.querySelectorAll(BREAKABLE)) => {
     for (const root of roots) {
       if (root.closest("pre") || root.dataset.wbr) continue;
@@ -61,15 +72,34 @@
         // A signature is split over spans: "module." "name" "(" "arg": break after them.
         const tail = /[./(]$/.test(text);
         if (parts.length < 2 && !tail) continue;
-        const fragment = document.createDocumentFragment();
-        parts.forEach((part, i) => {
-          if (i) fragment.append(document.createElement("wbr"));
-          fragment.append(part);
-        });
-        if (tail) fragment.append(document.createElement("wbr"));
-        node.replaceWith(fragment);
+        replaceWithBreaks(node, parts, tail);
       }
     }
+  };
+
+  // Code and printed output on a phone wrap (book.css) only at token boundaries: after ",",
+  // an opening bracket, "=", "+", "." (not a number's), "/" and ":" (paths, operator
+  // names, "jit:avx512_core"), and at spaces, never inside a name or a number (the browser
+  // would otherwise cut `convolu|tion_backward` anywhere). A <wbr> marks each place: it copies as nothing and leaves the text as it
+  // was. A run with no such place that is longer than the line scrolls in its box.
+  const CODE_BREAK =
+    /(?<=[,([{]|=(?!=)|(?<![0-9.])\.(?![0-9.])|[^/<]\/|:(?![:0-9])|\+(?![0-9]))(?=[^\s)\]},.:;=/+])/;
+  const codeBreaks = (pre) => {
+    if (pre.dataset.breaks) return;
+    pre.dataset.breaks = "1";
+    const walker = document.createTreeWalker(pre, NodeFilter.SHOW_TEXT);
+    const nodes = [];
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) nodes.push(n);
+    nodes.forEach((node, i) => {
+      const parts = node.textContent.split(CODE_BREAK);
+      // A token that ends in a break character (Pygments' "." or "(") breaks after itself
+      // when the next piece of text starts a new token.
+      const next = nodes[i + 1] ? nodes[i + 1].textContent : "";
+      const tail = /(?:[,([{+:]|[^=!<>]=|(?<![0-9.])\.|[^/<]\/)$/.test(node.textContent)
+        && /^[^\s)\]},.:;=/+0-9]/.test(next);
+      if (parts.length < 2 && !tail) return;
+      replaceWithBreaks(node, parts, tail);
+    });
   };
 
   // Boxes that scroll sideways get the `scroll-x` cue (book.css), `scroll-end` at the end.
@@ -227,6 +257,8 @@
     }
     addBreaks();
     document.querySelectorAll(CODE).forEach(splitLines);
+    document.querySelectorAll(".bd-article div.highlight pre, .bd-article .cell_output pre")
+      .forEach(codeBreaks);
     fold();
     stackTables();
     markAll();

@@ -145,4 +145,69 @@ def test_old_torch_runs_refuses_a_missing_interpreter(tmp_path: Path) -> None:
          str(tmp_path / "no-python")], capture_output=True, text=True, check=False)
     assert done.returncode == 2
     assert done.stdout == ""
-    assert len(done.stderr.strip().splitlines()) == 1
+    # the one line, and nothing else (importing the script imports no cpp_extension, whose
+    # warning a CUDA wheel without a GPU prints: tests/test_imports.py)
+    assert done.stderr.splitlines() == [
+        f"old_torch_runs: error: no interpreter at {tmp_path / 'no-python'}"]
+
+
+@pytest.mark.parametrize("mask", list(itertools.product([False, True], repeat=3)))
+def test_the_meta_kernel_follows_the_mask_exactly(mask) -> None:
+    """Chapter 11's contract: a result if and only if asked for, as the meta kernel
+    (FakeTensor, torch.compile) has it; eager oneDNN's extra slot is chapter 13's bug."""
+    x, w, go, args = (t.to("meta") if isinstance(t, torch.Tensor) else t
+                      for t in _conv(torch.float32))
+    got = aten.convolution_backward(go, x, w, [6], *args, list(mask))
+    assert [g is not None for g in got] == list(mask)
+
+
+def test_cudnn_flags_turn_cudnn_off_unless_enabled_is_given() -> None:
+    """Chapter 12's advice spells ``enabled=True`` because the default is False."""
+    before = torch.backends.cudnn.enabled
+    with torch.backends.cudnn.flags(benchmark=True, deterministic=True, allow_tf32=False):
+        assert torch.backends.cudnn.enabled is False
+    with torch.backends.cudnn.flags(enabled=True, benchmark=True):
+        assert torch.backends.cudnn.enabled is True
+    assert torch.backends.cudnn.enabled == before
+
+
+def test_size1_stride_splits_the_two_layout_tests() -> None:
+    """Chapter 13's shared cause: ``is_contiguous(channels_last)`` skips a size-1
+    dimension's stride, ``suggest_memory_format`` reads it; ``.to`` re-strides."""
+    from torch._prims_common import suggest_memory_format
+
+    cl = torch.channels_last
+    w = torch.randn(4, 3, 2).unsqueeze(-1).permute(0, 2, 3, 1)  # no as_strided
+    assert w.stride() == (6, 1, 1, 2)
+    assert w.is_contiguous(memory_format=cl)
+    assert suggest_memory_format(w) == torch.contiguous_format
+    assert w.contiguous(memory_format=cl).stride() == (6, 1, 1, 2)
+    assert w.to(memory_format=cl).stride() == (6, 1, 6, 2)
+
+
+def test_opacus_zero_padding_is_exact_and_padding_mode_is_lost() -> None:
+    """Chapter 13's Opacus section: per-sample weight gradients against torch.func.
+    If Opacus learns ``padding_mode``, the chapter's section must change."""
+    pytest.importorskip("opacus")
+    import copy
+    import warnings
+
+    from opacus import GradSampleModule
+    from torch.func import functional_call, grad, vmap
+
+    def error(mode: str) -> float:
+        torch.manual_seed(0)
+        layer = torch.nn.Conv2d(2, 3, 3, padding=1, padding_mode=mode).double()
+        xs = torch.randn(3, 2, 5, 5, dtype=F64)
+        plain = copy.deepcopy(layer)
+        params = {k: v.detach() for k, v in plain.named_parameters()}
+        want = vmap(grad(lambda p, xi: functional_call(plain, p, (xi[None],)).sum()),
+                    in_dims=(None, 0))(params, xs)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = GradSampleModule(layer, loss_reduction="sum")
+            model(xs).sum().backward()
+        return (layer.weight.grad_sample - want["weight"]).abs().max().item()
+
+    assert error("zeros") < 1e-12
+    assert error("reflect") > 1e-3

@@ -37,7 +37,6 @@ methods; every other route is that function's.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -53,27 +52,14 @@ ROUTES: tuple[str, ...] = (*per_sample.ROUTES, "loop")
 METHODS: tuple[str, ...] = ("auto", *ROUTES)
 
 
-@functools.cache
-def _onednn_block() -> int:
-    """:func:`convlab.scratch.per_sample.onednn_block`, read once per process.
-
-    It comes from the CPU's flags in ``/proc/cpuinfo`` capped by ``ONEDNN_MAX_CPU_ISA``:
-    the flags do not change while a process runs, and oneDNN reads its cap once at start
-    (as ATen reads ``ATEN_CPU_CAPABILITY``), so a cap set later does not change which
-    kernels run and the first answer stays right. Reading the file twice per call made
-    ``method="auto"`` several times slower than the route it picks on small layers.
-    """
-    return per_sample.onednn_block()
-
-
 def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
                   dtype: torch.dtype = torch.float32, block: int | None = None,
                   threads: int | None = None, groups: int = 1) -> str:
     """The route ``method="auto"`` takes: ``"loop"`` or the route of
     :func:`convlab.scratch.per_sample.choose_method` (same arguments: ``n`` samples,
     ``c`` = ``channels_per_group``, ``taps`` the kernel's size, oneDNN's ``block`` ``b``
-    (default :func:`~convlab.scratch.per_sample.onednn_block`, read once per process:
-    the CPU's flags and ``ONEDNN_MAX_CPU_ISA`` are fixed per process), ``threads`` (no
+    (default :func:`~convlab.scratch.per_sample.onednn_block`: the CPU's flags, read
+    once per process, under ``ONEDNN_MAX_CPU_ISA``), ``threads`` (no
     rule reads it), the layer's ``groups``).
 
     ``"loop"`` for float32 and float64 when one of these holds, else the scratch rule:
@@ -100,7 +86,7 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
     time (geometric means per setting; at best x0.19, at worst x1.73) and x0.30-x0.45 of
     the peak memory.
     """
-    b = _onednn_block() if block is None else block
+    b = per_sample.onednn_block() if block is None else block
     route = per_sample.choose_method(n, channels_per_group, kernel, dtype, b, threads,
                                      groups)
     if dtype not in (torch.float32, torch.float64):
@@ -154,7 +140,8 @@ def per_sample_weight_grad(
             input.shape[0], size[1], size[2:], input.dtype, groups=p.groups)
         if method == "loop" and not servable:
             method = per_sample.choose_method(input.shape[0], size[1], size[2:],
-                                              input.dtype, _onednn_block(), groups=p.groups)
+                                              input.dtype, per_sample.onednn_block(),
+                                              groups=p.groups)
     if method != "loop":
         return per_sample.per_sample_weight_grad(input, size, grad_output, *args,
                                                  method=method)

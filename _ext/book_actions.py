@@ -9,13 +9,16 @@ button of the theme's download menu reads "Print this page".
 The files are written by the ``html`` build (``make book``) into ``_build/html/downloads/``:
 each chapter's Colab copy (``colab/NN_name.ipynb``: plain Markdown, no MyST syntax, so it
 reads well in any Jupyter), a ``.py`` copy in the percent format (``# %%`` cells; IPython
-magics become ``get_ipython()`` calls, so the file parses as Python), and one zip of them all.
+magics become ``get_ipython()`` calls, so the file parses as Python; a cell's shown result,
+a ``Table`` or a figure, goes to ``display()``, so ``python NN_name.py`` prints the tables),
+and one zip of them all.
 
 Enabled in ``_config.yml`` under ``sphinx: local_extensions``.
 """
 
 from __future__ import annotations
 
+import ast
 import html
 import re
 import zipfile
@@ -61,13 +64,55 @@ def _magic_line(line: str) -> str:
     return f"{indent}get_ipython().run_line_magic({match['name']!r}, {match['rest']!r})"
 
 
-def notebook_to_py(nb: nbformat.NotebookNode) -> str:
-    """A notebook as a percent-format script: ``# %%`` code cells, Markdown as comments."""
-    parts = []
+# The script's first lines: what the file is, and the display() its cells' results go to.
+PY_HEADER = """\
+# A chapter of "Convolution backward in PyTorch, from the inside" as a percent-format
+# script: each "# %%" starts a cell (VS Code, PyCharm and Jupytext open it as a notebook),
+# the text is in comments. `python {name}.py` runs it top to bottom;
+# the result a notebook shows under a cell (a table, a figure) is passed to display(),
+# which prints it as text.
+try:
+    from IPython.display import display
+except ImportError:  # plain Python without IPython
+    display = print
+"""
+
+
+def _display_last(lines: list[str]) -> list[str]:
+    """A cell's code with its last statement, when it is an expression a notebook would
+    show (not a call of print/display, not ending in ";"), passed to ``display()``: a
+    script run with ``python`` otherwise drops the tables and figures of the chapter."""
+    try:
+        tree = ast.parse("\n".join(lines))
+    except SyntaxError:
+        return lines
+    last = tree.body[-1] if tree.body else None
+    if not isinstance(last, ast.Expr) or isinstance(last.value, ast.Constant):
+        return lines
+    call = last.value
+    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id in (
+            "print", "display"):
+        return lines
+    if lines[last.end_lineno - 1].rstrip().endswith(";"):
+        return lines
+    first, end = last.lineno - 1, last.end_lineno - 1
+    out = list(lines)
+    # ast's column offsets count UTF-8 bytes.
+    start = len(out[first].encode()[:last.col_offset].decode())
+    stop = len(out[end].encode()[:last.end_col_offset].decode())
+    out[end] = out[end][:stop] + ")" + out[end][stop:]
+    out[first] = out[first][:start] + "display(" + out[first][start:]
+    return out
+
+
+def notebook_to_py(nb: nbformat.NotebookNode, name: str = "chapter") -> str:
+    """A notebook as a percent-format script: ``# %%`` code cells, Markdown as comments,
+    each cell's shown result passed to ``display()`` (:data:`PY_HEADER`)."""
+    parts = [PY_HEADER.format(name=name).rstrip("\n")]
     for cell in nb.cells:
         source = cell.source.rstrip("\n")
         if cell.cell_type == "code":
-            lines = [_magic_line(line) for line in source.splitlines()]
+            lines = _display_last([_magic_line(line) for line in source.splitlines()])
             parts.append("# %%\n" + "\n".join(lines))
         elif cell.cell_type == "markdown":
             text = "\n".join(f"# {line}".rstrip() for line in source.splitlines())
@@ -84,7 +129,7 @@ def write_downloads(app: Sphinx, exception: Exception | None) -> None:
     files = []
     for name in chapter_names(app).values():
         notebook = (COLAB / f"{name}.ipynb").read_bytes()
-        script = notebook_to_py(nbformat.reads(notebook.decode("utf-8"), as_version=4))
+        script = notebook_to_py(nbformat.reads(notebook.decode("utf-8"), as_version=4), name)
         (out / f"{name}.ipynb").write_bytes(notebook)
         (out / f"{name}.py").write_text(script, encoding="utf-8")
         files += [f"{name}.ipynb", f"{name}.py"]

@@ -9,8 +9,14 @@ keeps each figure on one page with its caption. Folded content prints open; each
 exercise solutions print at the chapter's end (``SOLUTIONS_JS``). The API
 reference is left out of the reader's PDF (it was 35 % of the pages): one paragraph points
 to it on the site, and links into it go there (``--with-api`` keeps it, after the chapters).
+Each chapter opens a page; the outline (bookmarks) has the book's title, the chapters and
+the appendices at its top level; no link points to the print server or a local file (a
+figure's link to its own image goes, a page of the book becomes its anchor, other files of
+the build their page on the site); SVG figure text prints at 8 pt or more.
 Writes ``_build/pdf/book.pdf`` and refuses one with a near-blank page (a code box or
-table kept whole and moved to the next page); the next ``make book`` links it from every page.
+table kept whole and moved to the next page), a figure text under 8 pt, a local link, a
+chapter that starts below a page's top or an outline that is not the chapters
+(:func:`check_pdf`); the next ``make book`` links it from every page.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ WEB_CONTROLS = ("Show code cell", "Hide code cell", "Hide the solution", "Copy t
 # and <details>); the API reference goes, its links pointing to the site; links to anchors
 # of this document become links inside the PDF.
 PREPARE_JS = """
-([apiDoc, site, dropApi]) => {
+([apiDoc, site, dropApi, rootPage]) => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   document.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
   const moved = new Map();
@@ -59,9 +65,10 @@ PREPARE_JS = """
     }
     const note = document.createElement('section');
     note.id = 'api-reference-online';
-    note.innerHTML = '<h1>API reference</h1><p>The API reference of convlab (every module, '
-      + 'function and class) is on the web site: <a href="' + site + apiDoc + '.html">'
-      + site + apiDoc + '.html</a>.</p>';
+    // An h2 (the theme hides the first h1 of a section in print), at the outline's top.
+    note.innerHTML = '<h2 aria-level="1">API reference</h2><p>The API reference of convlab '
+      + '(every module, function and class) is on the web site: '
+      + '<a href="' + site + apiDoc + '.html">' + site + apiDoc + '.html</a>.</p>';
     start.before(note);
     block.forEach(n => n.remove());
     removed = block.length;
@@ -74,7 +81,32 @@ PREPARE_JS = """
     if (moved.has(id)) { a.href = moved.get(id); retargeted++; }
     else if (document.getElementById(id)) a.setAttribute('href', '#' + id);
   }
-  return {removed, retargeted};
+  // No link may point at the print server (127.0.0.1, dead in the file) or a local file.
+  // A figure's link to its own image goes (the image is on the page); a page of the book
+  // becomes its anchor here; anything else of the build points to the site.
+  let unwrapped = 0, toSite = 0;
+  for (const a of [...document.querySelectorAll('a[href]')]) {
+    if (a.getAttribute('href').startsWith('#')) continue;
+    const url = new URL(a.href, location.href);
+    const local = url.origin === location.origin || !/^(https?|mailto):$/.test(url.protocol);
+    if (!local) continue;
+    const path = decodeURIComponent(url.pathname.replace(/^\\/+/, ''));
+    const marker = path === rootPage ? document.querySelector('.bd-article section[id]')
+      : document.getElementById('document-' + path.replace(/\\.html$/, ''));
+    if (url.origin === location.origin && marker && !url.hash) {
+      const target = marker.matches('span') && marker.nextElementSibling
+        && marker.nextElementSibling.id ? marker.nextElementSibling : marker;
+      a.setAttribute('href', '#' + target.id);
+    } else if (url.origin === location.origin && !a.matches('a.image-reference')
+               && !path.startsWith('_images/') && path !== location.pathname.slice(1)) {
+      a.href = site + path + url.hash;
+      toSite++;
+    } else {
+      a.replaceWith(...a.childNodes);
+      unwrapped++;
+    }
+  }
+  return {removed, retargeted, unwrapped, toSite};
 }
 """
 # Runs in the page before printing: each chapter's exercise solutions (the cells that
@@ -92,9 +124,12 @@ SOLUTIONS_JS = """
   for (const chapter of chapters) {
     const cells = [...chapter.querySelectorAll('div.cell.solution')];
     if (!cells.length) continue;
+    // One level below the chapter's title (h2 in the single page: h3, then h4).
+    const top = chapter.querySelector(':scope > :is(h1, h2, h3, h4)');
+    const level = Math.min(top ? +top.tagName[1] + 1 : 2, 5);
     const end = document.createElement('section');
     end.className = 'print-solutions';
-    const title = document.createElement('h2');
+    const title = document.createElement('h' + level);
     title.textContent = 'Solutions';
     end.append(title);
     for (const cell of cells) {
@@ -105,7 +140,7 @@ SOLUTIONS_JS = """
       note.className = 'print-solution-note';
       note.textContent = `The solution is at the end of the chapter (Solutions, ${name}).`;
       cell.before(note);
-      const label = document.createElement('h3');
+      const label = document.createElement('h' + (level + 1));
       label.textContent = name;
       end.append(label, cell);
       cell.querySelectorAll('details').forEach(d => { d.open = true; });
@@ -116,15 +151,113 @@ SOLUTIONS_JS = """
   return moved;
 }
 """
+# Runs in the print layout, before printing: a chapter's last boxes (those ending within
+# 48 px of its end) lose their bottom padding, border and margin. Each chapter opens a page,
+# so a chapter whose text just filled its last page sent the bottom padding of its last
+# code box or solution over, alone, to an empty page. Returns how many boxes it trimmed.
+CHAPTER_END_JS = """
+() => {
+  const ends = [];
+  for (const marker of document.querySelectorAll('span[id^="document-"]')) {
+    const section = marker.nextElementSibling;
+    if (!section || !section.matches('section')) continue;
+    const bottom = section.getBoundingClientRect().bottom;
+    for (const e of [section, ...section.querySelectorAll('*')]) {
+      const r = e.getBoundingClientRect();
+      if (r.height > 0 && bottom - r.bottom < 48) ends.push(e);
+    }
+  }
+  for (const e of ends) {
+    for (const side of ['padding-bottom', 'border-bottom-width', 'margin-bottom']) {
+      e.style.setProperty(side, '0', 'important');
+    }
+  }
+  return ends.length;
+}
+"""
 # Visible texts of web controls in the print layout (must be none).
 CONTROLS_JS = """
 (texts) => [...document.querySelectorAll('body *')].filter(e =>
   e.children.length === 0 && e.checkVisibility()
   && texts.some(t => (e.textContent || '').trim().startsWith(t))).length
 """
+# Runs in the page before printing: the PDF's outline (Chromium builds it from the
+# headings) has the book's title and the chapters at its top level. The single page nests
+# every included document under the landing page's title (a chapter's title is an h2), so
+# headings inside a document are raised one level for the outline (aria-level; the type
+# keeps its size); the toctree's captions ("Chapters") are not headings of the book. A
+# heading's text is the outline entry, where Chromium drops the space at each line wrap
+# ("inPyTorch"): headings keep their spaces (white-space-collapse: preserve, after runs of
+# white space became one). Returns the titles of the top-level entries.
+OUTLINE_JS = """
+() => {
+  document.querySelectorAll('[role="heading"]:not(h1, h2, h3, h4, h5, h6)').forEach(e => {
+    e.removeAttribute('role');
+    e.removeAttribute('aria-level');
+  });
+  const HEADINGS = '.bd-content :is(h1, h2, h3, h4, h5, h6)';
+  for (const h of document.querySelectorAll(HEADINGS)) {
+    const level = +h.tagName[1];
+    const inDocument = h.closest('span[id^="document-"] + section');
+    if (inDocument && level > 1 && !h.hasAttribute('aria-level')) {
+      h.setAttribute('aria-level', String(level - 1));
+    }
+    const walker = document.createTreeWalker(h, NodeFilter.SHOW_TEXT);
+    const texts = [];
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) texts.push(n);
+    texts.forEach((n, i) => {
+      let text = n.textContent.replace(/\\s+/g, ' ');
+      if (i === 0) text = text.trimStart();
+      if (i === texts.length - 1) text = text.trimEnd();
+      n.textContent = text;
+    });
+  }
+  const style = document.createElement('style');
+  style.textContent = `@media print { ${HEADINGS}, ${HEADINGS} * {
+    white-space-collapse: preserve; } }`;
+  document.head.append(style);
+  const level = h => +(h.getAttribute('aria-level') || h.tagName[1]);
+  return [...document.querySelectorAll(HEADINGS)]
+    .filter(h => h.checkVisibility() && level(h) === 1)
+    .map(h => h.textContent.replace(/#$/, '').replace(/\\s+/g, ' ').trim());
+}
+"""
+# The smallest text of each SVG figure as printed, in pt (1 CSS px prints as 0.75 pt):
+# matplotlib draws a text as glyph paths under scale(s -s), s = its size in pt / 100, in a
+# viewBox measured in pt (or writes font-size); the image is scaled to its printed width.
+FIGURE_TEXT_JS = """
+async () => {
+  const out = [];
+  for (const img of document.querySelectorAll('.bd-article img')) {
+    const src = img.currentSrc || img.src;
+    const r = img.getBoundingClientRect();
+    if (!img.checkVisibility() || !/\\.svg([?#]|$)|^data:image\\/svg\\+xml/i.test(src)) continue;
+    const text = await (await fetch(src)).text();
+    const box = text.match(/viewBox="\\s*[-\\d.]+[\\s,]+[-\\d.]+[\\s,]+([\\d.]+)/);
+    const sizes = [...text.matchAll(/scale\\(([\\d.]+) -\\1\\)/g)].map(m => 100 * +m[1])
+      .concat([...text.matchAll(/font(?:-size)?:\\s*([\\d.]+)px/g)].map(m => +m[1]));
+    if (!box || !sizes.length) continue;
+    const figure = img.closest('figure');
+    const caption = figure && figure.querySelector('.caption-number');
+    out.push({figure: caption ? caption.textContent.trim() : src.split('/').pop(),
+              pt: 0.75 * Math.min(...sizes) * r.width / +box[1],
+              heightMm: r.height * 25.4 / 96});
+  }
+  return out;
+}
+"""
+# Figure text in print: at least this size (U6: tall figures shrunk to 170 mm printed
+# their labels at 5-6.6 pt).
+MIN_FIGURE_PT = 8.0
+# Where a page's text starts (A4, 16 mm top margin), in PDF points from the bottom; a
+# chapter whose outline destination is within START_SLACK of it opens its page.
+PAGE_TOP_PT = 841.89 - 16 / 25.4 * 72
+START_SLACK_PT = 60
 # A page of the printed book holds 2,000-4,000 characters; one with under this many (and
 # no figure) is mostly blank paper.
 NEAR_BLANK_CHARS = 300
+# The page number the footer prints at the end of each page's text ("37 / 581").
+FOOTER_TEXT = re.compile(r"\s*\d+ / \d+\s*$")
 FOOTER = (
     '<div style="font-size:8px;width:100%;text-align:center;color:#555">'
     '<span class="pageNumber"></span> / <span class="totalPages"></span></div>'
@@ -155,12 +288,18 @@ def serve(folder: Path) -> tuple[http.server.ThreadingHTTPServer, str]:
     return server, f"http://127.0.0.1:{server.server_address[1]}/"
 
 
+def root_page(single: Path) -> str:
+    """The root document's page in the single-page build (``book/intro.html``, which
+    index.html redirects to)."""
+    redirect = re.search(r'url=([^"]+)"', (single / "index.html").read_text())
+    return redirect.group(1) if redirect else "index.html"
+
+
 def landing(single: Path) -> str:
     """The page to print: singlehtml writes the book to the root document's path
-    (``book/intro.html``, which index.html redirects to) but links its assets as if it
-    sat in the top folder (``_static/``), so a copy there is what renders completely."""
-    redirect = re.search(r'url=([^"]+)"', (single / "index.html").read_text())
-    page = single / (redirect.group(1) if redirect else "index.html")
+    (:func:`root_page`) but links its assets as if it sat in the top folder
+    (``_static/``), so a copy there is what renders completely."""
+    page = single / root_page(single)
     (single / "_print.html").write_text(page.read_text(encoding="utf-8"), encoding="utf-8")
     return "_print.html"
 
@@ -172,7 +311,11 @@ def site_url() -> str:
     return yaml.safe_load(CONFIG.read_text())["html"]["baseurl"].rstrip("/") + "/"
 
 
-def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> None:
+def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> dict:
+    """Print the single page to ``out``; refuses web controls that would print, code cut
+    at the page edge and figure text under MIN_FIGURE_PT. Returns what was measured: the
+    links rewritten, each SVG figure's smallest text in pt, and the titles the outline
+    must have at its top level."""
     from playwright.sync_api import sync_playwright
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -191,8 +334,10 @@ def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> None
                     timeout=60_000,
                 )
                 page.evaluate("() => MathJax.startup.promise")
-            done = page.evaluate(PREPARE_JS, [API_DOC, site_url(), not with_api])
+            done = page.evaluate(PREPARE_JS, [API_DOC, site_url(), not with_api,
+                                              root_page(single)])
             page.evaluate(SOLUTIONS_JS)
+            done["top_level"] = page.evaluate(OUTLINE_JS)
             if not with_api and not done["removed"]:
                 raise SystemExit(f"no #document-{API_DOC} in the single page: API not found")
             page.emulate_media(media="print")
@@ -207,6 +352,13 @@ def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> None
             )
             if cut:
                 raise SystemExit(f"{cut} code boxes would be cut in print (book.css @media print)")
+            done["trimmed"] = page.evaluate(CHAPTER_END_JS)
+            done["figures"] = page.evaluate(FIGURE_TEXT_JS)
+            small = [f for f in done["figures"] if f["pt"] < MIN_FIGURE_PT - 0.05]
+            if small:
+                raise SystemExit("figure text under {} pt in print: {} (book.css @media print)"
+                                 .format(MIN_FIGURE_PT, ", ".join(
+                                     f"{f['figure']} {f['pt']:.1f} pt" for f in small)))
             page.pdf(
                 path=str(out), format="A4", print_background=True,
                 margin={"top": "16mm", "bottom": "16mm", "left": "14mm", "right": "14mm"},
@@ -215,21 +367,92 @@ def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> None
             )
         finally:
             browser.close()
+    return done
+
+
+def outline(pdf: Path) -> list[tuple[int, str, int, float]]:
+    """The PDF's bookmarks: (depth, title, 1-based page, top of the destination in PDF
+    points from the page's bottom), depth 0 for the top level."""
+    from pypdf import PdfReader
+
+    reader = PdfReader(str(pdf))
+    entries: list[tuple[int, str, int, float]] = []
+
+    def walk(items: list, depth: int) -> None:
+        for item in items:
+            if isinstance(item, list):
+                walk(item, depth + 1)
+            else:
+                top = item.get("/Top")
+                entries.append((depth, str(item.title),
+                                reader.get_destination_page_number(item) + 1,
+                                float(top) if top is not None else float("nan")))
+
+    walk(reader.outline, 0)
+    return entries
+
+
+def local_links(pdf: Path) -> list[tuple[int, str]]:
+    """Links (1-based page, URI) that lead nowhere outside the file: to 127.0.0.1,
+    localhost or a local file."""
+    from pypdf import PdfReader
+
+    found = []
+    for number, page in enumerate(PdfReader(str(pdf)).pages, start=1):
+        for annot in page.get("/Annots") or []:
+            action = annot.get_object().get("/A")
+            uri = str(action.get("/URI", "")) if action is not None else ""
+            if re.match(r"(?i)(https?://(127\.0\.0\.1|localhost|\[::1\])\b|file:)", uri):
+                found.append((number, uri))
+    return found
+
+
+def late_starts(pdf: Path) -> list[tuple[str, int]]:
+    """Top-level outline entries after the first (chapters, appendices) that do not open
+    their page: (title, page) of each whose heading is more than START_SLACK_PT below the
+    page's first line."""
+    entries = [e for e in outline(pdf) if e[0] == 0][1:]
+    return [(title, page) for _, title, page, top in entries
+            if not top >= PAGE_TOP_PT - START_SLACK_PT]
+
+
+def check_pdf(pdf: Path, top_level: list[str]) -> list[str]:
+    """What is wrong with the printed book's structure: links to the print server or
+    local files, chapters that do not open a page, and an outline whose top level is not
+    ``top_level`` (the book's title, the chapters, the appendices) word for word."""
+    problems = []
+    links = local_links(pdf)
+    if links:
+        problems.append(f"{len(links)} links to the print server or local files, e.g. "
+                        f"{links[:3]}")
+    late = late_starts(pdf)
+    if late:
+        problems.append(f"chapters that start below a page's top: {late[:5]}")
+    titles = [title for depth, title, _, _ in outline(pdf) if depth == 0]
+    if titles != top_level:
+        problems.append(f"outline's top level {titles[:6]}... is not {top_level[:6]}...")
+    return problems
 
 
 def near_blank_pages(pdf: Path, min_chars: int = NEAR_BLANK_CHARS) -> list[int]:
     """Pages (1-based) with under ``min_chars`` characters of text and no figure caption,
     the last page excepted: what a box kept whole (break-inside: avoid) leaves behind when
     it moves to the next page. A figure is drawn, not text, so its page is kept by its
-    caption ("Fig. 3.1")."""
+    caption ("Fig. 3.1"); so is the page before one that starts with a figure (a figure
+    stays whole, with its caption), and a chapter's last page, which may be short (each
+    chapter opens a page: the top level of the outline), but not an empty one."""
     from pypdf import PdfReader
 
     pages = PdfReader(str(pdf)).pages
+    texts = [FOOTER_TEXT.sub("", page.extract_text() or "").strip() for page in pages]
+    starts = {page for depth, _, page, _ in outline(pdf) if depth == 0}
     blank = []
-    for number, page in enumerate(pages[:-1], start=1):
-        text = (page.extract_text() or "").strip()
-        if len(text) < min_chars and not re.search(r"\bFig\. \d+\.\d+", text):
-            blank.append(number)
+    for number, text in enumerate(texts[:-1], start=1):
+        if len(text) >= min_chars or re.search(r"\bFig\. \d+\.\d+", text):
+            continue
+        if texts[number].startswith("Fig. ") or (text and number + 1 in starts):
+            continue
+        blank.append(number)
     return blank
 
 
@@ -251,7 +474,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     server, url = serve(single)
     try:
-        print_pdf(url, args.out, single, with_api=args.with_api)
+        done = print_pdf(url, args.out, single, with_api=args.with_api)
     finally:
         server.shutdown()
         server.server_close()
@@ -259,9 +482,18 @@ def main(argv: list[str] | None = None) -> int:
     if blank:
         raise SystemExit(f"near-blank pages (under {NEAR_BLANK_CHARS} characters of text): "
                          f"{blank[:10]} (book.css @media print)")
+    problems = check_pdf(args.out, done["top_level"])
+    if problems:
+        raise SystemExit("; ".join(problems))
+    from pypdf import PdfReader
+
+    pages = len(PdfReader(str(args.out)).pages)
     size = args.out.stat().st_size / 1e6
-    print(f"wrote {args.out} ({size:.1f} MB, printed in "
-          f"{time.perf_counter() - start:.0f} s)")
+    smallest = min((f["pt"] for f in done["figures"]), default=float("nan"))
+    print(f"wrote {args.out}: {pages} pages, {size:.1f} MB, printed in "
+          f"{time.perf_counter() - start:.0f} s; {len(done['figures'])} figures, smallest "
+          f"text {smallest:.1f} pt; {done['unwrapped']} image links dropped, "
+          f"{done['toSite']} links to the site")
     return 0
 
 

@@ -488,11 +488,33 @@ def open_page(context: object, url: str, result: Visit) -> object:
     return tab
 
 
-def visit(context: object, base: str, page: str, shots: str | None) -> list[Visit]:
+def line_break_pages() -> set[str]:
+    """The pages whose numbers and code names are checked for line breaks (TOKEN_SPLITS_JS):
+    the landing page and the chapters."""
+    return {pages()[0]} | {f"{c}.html" for c in chapters()}
+
+
+def solution_toggles(tab: object) -> object:
+    return tab.locator(".bd-article div.cell.solution details.hide > summary")
+
+
+def click_all(locator: object) -> None:
+    for i in range(locator.count()):
+        locator.nth(i).click()
+
+
+def visit(context: object, base: str, page: str, shots: str | None,
+          line_breaks: bool = False, chapter: bool = False) -> list[Visit]:
     """Open one page, collect what the checks need at 1366 px, then again at 390 px.
 
     The phone width reuses the loaded page (the viewport is resized, so the theme's media
-    queries apply as on a phone): one load per page keeps the whole module fast.
+    queries apply as on a phone): one load per page keeps the whole module fast. On the
+    pages of ``line_breaks`` the breaks inside numbers and code names are read at each
+    width (TOKEN_SPLITS_JS). On a chapter also the print layout (at 1366 px, before the
+    phone width; print media is emulated, then the screen's again) and the exercise
+    solutions: folded as loaded at both widths, then opened by a click at 390 px (closed
+    by a second click), and opened by a click at 1366 px; the clicks come after every
+    other reading, which sees the page as loaded.
     """
     wide = Visit(page, WIDE)
     tab = open_page(context, base + page, wide)
@@ -504,11 +526,30 @@ def visit(context: object, base: str, page: str, shots: str | None) -> list[Visi
                 tab.set_viewport_size(VIEWPORTS[width])
                 tab.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
             result.data = tab.evaluate(COLLECT_JS)
+            if line_breaks:
+                result.data["tokenSplits"] = tab.evaluate(TOKEN_SPLITS_JS)
+            if chapter:
+                result.data["solutions"] = tab.evaluate(SOLUTIONS_JS)
             found.append(result)
             if shots is not None:
                 SHOTS.mkdir(parents=True, exist_ok=True)
                 tab.evaluate("() => window.scrollTo(0, 0)")
                 tab.screenshot(path=str(SHOTS / f"{shots}-{width}.png"), full_page=False)
+            if chapter and width == WIDE:
+                result.data["print"] = print_view(tab)
+                tab.emulate_media(media="null")  # the screen again
+        if chapter:
+            phone = found[1]
+            toggles = solution_toggles(tab)
+            click_all(toggles)
+            tab.wait_for_timeout(200)
+            phone.data["solutionsOpened"] = tab.evaluate(SOLUTIONS_JS)
+            click_all(toggles)  # folded again, to open them at 1366 px
+            tab.set_viewport_size(VIEWPORTS[WIDE])
+            tab.evaluate("() => new Promise(r => requestAnimationFrame(() => r()))")
+            click_all(toggles)
+            tab.wait_for_timeout(200)
+            wide.data["solutionsOpened"] = tab.evaluate(SOLUTIONS_JS)
     finally:
         tab.close()
     return found
@@ -516,13 +557,18 @@ def visit(context: object, base: str, page: str, shots: str | None) -> list[Visi
 
 def visit_all(base: str, pages_: list[str], shots: dict[str, str]) -> list[Visit]:
     """Visit ``pages_`` in a Chromium of this thread's own (sync Playwright is per thread)."""
+    line_breaks = line_break_pages()
+    chapter_pages = {f"{c}.html" for c in chapters()}
     with sync_playwright() as pw:
         chromium = pw.chromium.launch(
             executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_FLAGS
         )
         try:
             context = new_context(chromium, WIDE)
-            return [v for page in pages_ for v in visit(context, base, page, shots.get(page))]
+            return [v for page in pages_
+                    for v in visit(context, base, page, shots.get(page),
+                                   line_breaks=page in line_breaks,
+                                   chapter=page in chapter_pages)]
         finally:
             chromium.close()
 
@@ -1056,29 +1102,13 @@ TOKEN_SPLITS_JS = """
 """
 
 
-def token_splits(browser: object, site: str, width: int) -> dict[str, list[str]]:
-    """The splits inside numbers and code names on the landing page and each chapter."""
-    found = {}
-    context = new_context(browser, width)
-    try:
-        for page in [pages()[0]] + [f"{c}.html" for c in chapters()]:
-            tab = open_page(context, site + page, Visit(page, width))
-            tab.wait_for_timeout(200)  # book.js's breaks and code lines
-            found[page] = tab.evaluate(TOKEN_SPLITS_JS)
-            tab.close()
-    finally:
-        context.close()
-    return found
-
-
 @pytest.mark.parametrize("width", [PHONE, WIDE])
-def test_no_line_break_inside_a_number_or_a_code_name(
-    site: str, browser: object, width: int
-) -> None:
+def test_no_line_break_inside_a_number_or_a_code_name(visits: dict, width: int) -> None:
     """A number never wraps at its decimal point ("1.|24", "SSE4.|1"), and on a phone code
     wraps at token boundaries (after ",", "(", "." or a space), never inside a name
-    ("convolu|tion_backward"); an unbreakable name longer than the line scrolls instead."""
-    found = token_splits(browser, site, width)
+    ("convolu|tion_backward"); an unbreakable name longer than the line scrolls instead.
+    On the landing page and each chapter (read during the `visits` fixture's visit)."""
+    found = {page: visits[page, width].data["tokenSplits"] for page in line_break_pages()}
     total = sum(len(s) for s in found.values())
     problems = [f"{page} @{width}: {s}" for page, splits in found.items() for s in splits]
     print(f"@{width}: {total} splits; per page:",
@@ -1312,29 +1342,22 @@ def print_view(tab: object) -> dict:
     )
 
 
-def test_print_layout_has_no_web_controls_and_keeps_figures_whole(
-    site: str, browser: object
-) -> None:
+def test_print_layout_has_no_web_controls_and_keeps_figures_whole(visits: dict) -> None:
     """``make pdf`` prints this layout: no "Show code cell source" toggle, no buttons, and
-    every figure kept on one page with its caption (break-inside: avoid)."""
+    every figure kept on one page with its caption (break-inside: avoid). Read at 1366 px
+    with print media emulated, during the `visits` fixture's visit."""
     folded = [e for e in chapters() if '"hide-input"' in (ROOT / f"{e}.ipynb").read_text()]
     assert folded, "no chapter has a folded (hide-input) code cell to check"
-    context = new_context(browser, WIDE)
     problems = []
-    try:
-        for entry in folded:
-            tab = open_page(context, f"{site}{entry}.html", Visit(entry, WIDE))
-            d = print_view(tab)
-            tab.close()
-            if not d["toggles"]:
-                problems.append(f"{entry}: no folded cell found on the page")
-            if d["controls"] or d["actions"]:
-                problems.append(f"{entry}: prints {d['controls'][:3]} and {d['actions']} "
-                                "button rows")
-            if d["split"]:
-                problems.append(f"{entry}: {d['split']} of {d['figures']} figures may split")
-    finally:
-        context.close()
+    for entry in folded:
+        d = visits[f"{entry}.html", WIDE].data["print"]
+        if not d["toggles"]:
+            problems.append(f"{entry}: no folded cell found on the page")
+        if d["controls"] or d["actions"]:
+            problems.append(f"{entry}: prints {d['controls'][:3]} and {d['actions']} "
+                            "button rows")
+        if d["split"]:
+            problems.append(f"{entry}: {d['split']} of {d['figures']} figures may split")
     assert not problems, report(problems)
 
 
@@ -1358,37 +1381,28 @@ SOLUTIONS_JS = """
 
 @pytest.mark.parametrize("width", [WIDE, PHONE])
 def test_exercise_solutions_fold_code_and_output_under_solution(
-    site: str, browser: object, width: int
+    visits: dict, width: int
 ) -> None:
     """Each chapter's three solutions fold whole (code and printed answer) under a toggle
-    labelled "Solution" (_ext/book_solutions.py); opened, both show."""
-    context = new_context(browser, width)
+    labelled "Solution" (_ext/book_solutions.py); opened, both show. Read and clicked at
+    this width during the `visits` fixture's visit."""
     problems, total = [], 0
-    try:
-        for entry in chapters():
-            tab = open_page(context, f"{site}{entry}.html", Visit(entry, width))
-            closed = tab.evaluate(SOLUTIONS_JS)
-            total += len(closed)
-            if len(closed) != 3:
-                problems.append(f"{entry}: {len(closed)} folded solutions, not 3")
-            for i, cell in enumerate(closed, 1):
-                if not (cell["folded"] and cell["inputInside"] and cell["outputInside"]):
-                    problems.append(f"{entry} solution {i}: code and output not both folded")
-                if cell["label"] != "Solution" or cell["shown"]:
-                    problems.append(f"{entry} solution {i}: toggle {cell['label']!r}, "
-                                    f"{cell['shown']} parts shown while folded")
-            toggles = tab.locator(".bd-article div.cell.solution details.hide > summary")
-            for i in range(toggles.count()):
-                toggles.nth(i).click()
-            tab.wait_for_timeout(200)
-            opened = tab.evaluate(SOLUTIONS_JS)
-            for i, cell in enumerate(opened, 1):
-                if not cell["shown"] or cell["label"] != "Hide the solution":
-                    problems.append(f"{entry} solution {i}: opened, shows {cell['shown']} "
-                                    f"parts under {cell['label']!r}")
-            tab.close()
-    finally:
-        context.close()
+    for entry in chapters():
+        d = visits[f"{entry}.html", width].data
+        closed = d["solutions"]
+        total += len(closed)
+        if len(closed) != 3:
+            problems.append(f"{entry}: {len(closed)} folded solutions, not 3")
+        for i, cell in enumerate(closed, 1):
+            if not (cell["folded"] and cell["inputInside"] and cell["outputInside"]):
+                problems.append(f"{entry} solution {i}: code and output not both folded")
+            if cell["label"] != "Solution" or cell["shown"]:
+                problems.append(f"{entry} solution {i}: toggle {cell['label']!r}, "
+                                f"{cell['shown']} parts shown while folded")
+        for i, cell in enumerate(d["solutionsOpened"], 1):
+            if not cell["shown"] or cell["label"] != "Hide the solution":
+                problems.append(f"{entry} solution {i}: opened, shows {cell['shown']} "
+                                f"parts under {cell['label']!r}")
     assert total == 3 * len(chapters()), f"{total} solutions on {len(chapters())} chapters"
     assert not problems, report(problems)
 
@@ -1512,34 +1526,26 @@ def result_target(href: str) -> str:
 
 
 @pytest.mark.parametrize("width", [WIDE, PHONE])
-def test_search_shows_one_glossary_entry_then_the_chapters(
-    site: str, browser: object, width: int
-) -> None:
+def test_search_shows_one_glossary_entry_then_the_chapters(searches: dict, width: int) -> None:
     """For a name the book explains: its glossary entry first and only once in the top 5,
     then a chapter; no result twice; no result title broken inside a word."""
     chapter_pages = {f"{Path(e).name}.html" for e in chapters()}
-    context = new_context(browser, width)
     problems = []
-    try:
-        tab = context.new_page()
-        for query in SEARCHES:
-            hits = [result_target(h) for h in search_results(tab, site, query)]
-            tab.wait_for_timeout(300)  # the last titles and their line breaks
-            top = hits[:5]
-            glossary = [h for h in top if h.startswith("glossary.html")]
-            if not hits or hits[0] != f"glossary.html#term-{query}":
-                problems.append(f"{query}: first hit {hits[:1]}, not its glossary entry")
-            if len(glossary) != 1:
-                problems.append(f"{query}: {len(glossary)} glossary hits in the top 5: {top}")
-            if len(hits) < 2 or hits[1].split("#")[0] not in chapter_pages:
-                problems.append(f"{query}: second hit {hits[1:2]} is not a chapter")
-            if len(set(top)) < len(top):
-                problems.append(f"{query}: a result twice in the top 5: {top}")
-            splits = tab.evaluate(RESULT_SPLITS_JS)
-            if splits:
-                problems.append(f"{query}: result titles split mid-word: {splits[:3]}")
-    finally:
-        context.close()
+    for query in SEARCHES:
+        found = searches[query, width]
+        hits = [result_target(h) for h in found["hits"]]
+        top = hits[:5]
+        glossary = [h for h in top if h.startswith("glossary.html")]
+        if not hits or hits[0] != f"glossary.html#term-{query}":
+            problems.append(f"{query}: first hit {hits[:1]}, not its glossary entry")
+        if len(glossary) != 1:
+            problems.append(f"{query}: {len(glossary)} glossary hits in the top 5: {top}")
+        if len(hits) < 2 or hits[1].split("#")[0] not in chapter_pages:
+            problems.append(f"{query}: second hit {hits[1:2]} is not a chapter")
+        if len(set(top)) < len(top):
+            problems.append(f"{query}: a result twice in the top 5: {top}")
+        if found["titleSplits"]:
+            problems.append(f"{query}: result titles split mid-word: {found['titleSplits'][:3]}")
     assert not problems, report(problems)
 
 
@@ -1572,24 +1578,50 @@ SNIPPETS_JS = """
 """
 
 
+# Each result's snippet is fetched after the list is shown ("Search finished"): done when
+# each of the first five results has its snippet (p.context) or a description instead.
+SNIPPETS_DONE_JS = """
+() => [...document.querySelectorAll('#search-results li')].slice(0, 5).every(
+  li => li.querySelector('.context') || li.querySelector(':scope > span'))
+"""
+
+
+@pytest.fixture(scope="module")
+def searches(site: str, browser: object) -> dict[tuple[str, int], dict]:
+    """Every query of QUERY_CHAPTERS and SEARCHES at both widths, typed into the search
+    page one after the other in one tab per width: the result links, the snippets and
+    the result titles split inside a word."""
+    found = {}
+    for width in VIEWPORTS:
+        context = new_context(browser, width)
+        try:
+            tab = context.new_page()
+            for query in dict.fromkeys([*QUERY_CHAPTERS, *SEARCHES]):
+                hits = search_results(tab, site, query)
+                try:
+                    tab.wait_for_function(SNIPPETS_DONE_JS, timeout=10_000)
+                except PlaywrightTimeout:
+                    pass  # read what is there: a missing snippet is the checks' to report
+                tab.wait_for_timeout(100)  # book.js's breaks in the last titles
+                found[query, width] = {"hits": hits, "shown": tab.evaluate(SNIPPETS_JS),
+                                       "titleSplits": tab.evaluate(RESULT_SPLITS_JS)}
+        finally:
+            context.close()
+    return found
+
+
 @pytest.mark.parametrize("width", [WIDE, PHONE])
 @pytest.mark.parametrize("query", list(QUERY_CHAPTERS))
 def test_search_ranks_the_chapter_about_the_query_in_the_top_3(
-    site: str, browser: object, query: str, width: int
+    searches: dict, query: str, width: int
 ) -> None:
     """A chapter that teaches the query is in the top 3; no page twice; the snippets come
     from the text around the query (no print-only contents list, no raw TeX) and the
     query is highlighted as typed ("per-sample", not "per" in "property")."""
     wanted = QUERY_CHAPTERS[query]
-    context = new_context(browser, width)
     problems = []
-    try:
-        tab = context.new_page()
-        hits = [result_target(h) for h in search_results(tab, site, query)]
-        tab.wait_for_timeout(1500)  # the snippets are fetched page by page
-        shown = tab.evaluate(SNIPPETS_JS)
-    finally:
-        context.close()
+    hits = [result_target(h) for h in searches[query, width]["hits"]]
+    shown = searches[query, width]["shown"]
     pages_ = [h.split("#")[0] for h in hits]
     targets = [f"{Path(w).name}.html" for w in wanted]
     rank = next((i + 1 for i, p in enumerate(pages_) if p in targets), None)

@@ -11,6 +11,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -30,8 +32,43 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@dataclass
+class DirectBuild:
+    """A ``c++`` command of :func:`standalone.compile_command`, compiling in the background."""
+
+    command: list[str]
+    exe: Path
+    process: subprocess.Popen
+
+    def wait(self) -> subprocess.CompletedProcess:
+        stdout, stderr = self.process.communicate(timeout=900)
+        return subprocess.CompletedProcess(self.command, self.process.returncode, stdout, stderr)
+
+
 @pytest.fixture(scope="module")
-def program() -> Path:
+def direct_builds(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, DirectBuild]]:
+    """The two one-command builds of the tests below (plain, and with ``C10_NODEPRECATED``),
+    started together and before CMake's: each compiles main.cpp against libtorch's headers
+    on one core, so on two cores they run beside each other and beside CMake's build."""
+    if shutil.which("c++") is None:
+        yield {}
+        return
+    builds = {}
+    for name, defines in (("plain", ()), ("nodeprecated", ("C10_NODEPRECATED",))):
+        exe = tmp_path_factory.mktemp(name) / "conv_backward"
+        command = standalone.compile_command(exe, defines=defines)
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   text=True)
+        builds[name] = DirectBuild(command, exe, process)
+    yield builds
+    for build in builds.values():
+        if build.process.poll() is None:
+            build.process.kill()
+        build.process.communicate()
+
+
+@pytest.fixture(scope="module")
+def program(direct_builds: dict[str, DirectBuild]) -> Path:
     start = time.perf_counter()
     try:
         path = standalone.build()
@@ -91,28 +128,30 @@ def test_out_limits_are_caught_errors(program: Path) -> None:
     assert "bump_version" in lines["_slow_conv2d_backward_out, undefined grad_weight"]
 
 
-def test_builds_without_cmake(program: Path, tmp_path: Path) -> None:
+def test_builds_without_cmake(program: Path, direct_builds: dict[str, DirectBuild]) -> None:
     """The one compiler command the book prints builds a program that agrees too."""
     if shutil.which("c++") is None:
         pytest.skip("no c++ compiler on PATH")
-    exe = tmp_path / "conv_backward"
-    done = subprocess.run(standalone.compile_command(exe), capture_output=True, text=True,
-                          timeout=900)
+    build = direct_builds["plain"]
+    assert build.command == standalone.compile_command(build.exe)
+    done = build.wait()
     assert done.returncode == 0, done.stderr[-3000:]
-    out = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    out = subprocess.run([str(build.exe)], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
     assert out.stdout.count("vs convolution_backward: match") == 2
 
 
-def test_builds_without_deprecated_c10_aliases(program: Path, tmp_path: Path) -> None:
+def test_builds_without_deprecated_c10_aliases(
+    program: Path, direct_builds: dict[str, DirectBuild]
+) -> None:
     """With ``C10_NODEPRECATED`` c10's deprecated aliases (``c10::nullopt``, ...) are gone:
     the program must not need them."""
     if shutil.which("c++") is None:
         pytest.skip("no c++ compiler on PATH")
-    exe = tmp_path / "conv_backward"
-    cmd = standalone.compile_command(exe, defines=("C10_NODEPRECATED",))
-    assert "-DC10_NODEPRECATED" in cmd
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    build = direct_builds["nodeprecated"]
+    assert build.command == standalone.compile_command(build.exe, defines=("C10_NODEPRECATED",))
+    assert "-DC10_NODEPRECATED" in build.command
+    done = build.wait()
     assert done.returncode == 0, done.stderr[-3000:]
 
 

@@ -55,8 +55,8 @@ from torch import nn
 from convlab.aten import extension, fast_per_sample
 from convlab.scratch import per_sample
 
-__all__ = ["PADDING_MODES", "SUPPORTED", "build", "grad_sampler", "register", "registered",
-           "registrations", "unregister"]
+__all__ = ["PADDING_MODES", "SUPPORTED", "build", "grad_sampler", "pad_as_forward", "register",
+           "registered", "registrations", "unregister"]
 
 #: The layer types :func:`grad_sampler` computes (exactly these, not their subclasses).
 SUPPORTED: tuple[type[nn.Module], ...] = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
@@ -151,7 +151,7 @@ def grad_sampler(layer: nn.Module, activations: list[torch.Tensor],
     if not isinstance(x, torch.Tensor) or not isinstance(backprops, torch.Tensor):
         raise TypeError("activations[0] and backprops must be torch.Tensor, got "
                         f"{type(x).__name__} and {type(backprops).__name__}")
-    x, padding = _pad_as_forward(layer, x.to(backprops.dtype))
+    x, padding = pad_as_forward(layer, x.to(backprops.dtype))
     out = {}
     if layer.weight.requires_grad:
         args = (x, layer.weight.shape, backprops, layer.stride, padding, layer.dilation,
@@ -178,7 +178,7 @@ def _check_layer(layer: object) -> None:
                     f"only, got layer of type {name} ({why})")
 
 
-def _pad_as_forward(layer: nn.Module, x: torch.Tensor
+def pad_as_forward(layer: nn.Module, x: torch.Tensor
                     ) -> tuple[torch.Tensor, tuple[int, ...] | int]:
     """The input and the zero padding that give the layer's forward: ``F.pad`` with the
     layer's ``_reversed_padding_repeated_twice`` and mode (as ``_conv_forward`` does) for a

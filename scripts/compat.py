@@ -262,7 +262,7 @@ def installed_here(tests: list[str], rehearse: bool) -> int:
     # pip writes the files with the time of the install: give the C++ sources the
     # checkout's times, so the kept extension build is reused while they are unchanged
     package = Path(where.stdout.strip()).parent
-    for src in (ROOT / "convlab" / "aten" / "csrc").glob("*.cpp"):
+    for src in (ROOT / "convlab" / "aten" / "csrc").glob("*.[ch]*"):
         installed = package / "aten" / "csrc" / src.name
         if installed.is_file() and installed.read_bytes() == src.read_bytes():
             shutil.copystat(src, installed)

@@ -9,7 +9,7 @@ PYTHON, and its ``bug present: True/False`` line is collected. The old calls of
 ``book/12_migration_cookbook.ipynb`` (``OLD_CALLS`` below) run the same way and report the
 exception each raises. The result is a plain-text table: one line per repro or call, with
 the torch version PYTHON reports. With ``--record`` it also replaces that version's entry
-in ``book/data/versions/old_torch_runs.json`` (:mod:`convlab.lab.version_runs`), which
+in ``book/data/versions/old_torch_runs.json`` (:mod:`convlab.lab.record.version_runs`), which
 chapters 12 and 13 render.
 """
 
@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:<38} {results[name]}")
     if args.record:
         # imported here: convlab imports torch, which this script's own checks never need
-        from convlab.lab import machine, version_runs
+        from convlab.lab.method import machine
+        from convlab.lab.record import version_runs
 
         path = version_runs.store_run(version.split("+")[0], {
             "date": f"{dt.date.today():%Y-%m-%d}", "machine": machine.machine_slug(),

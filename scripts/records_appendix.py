@@ -2,10 +2,10 @@
 the committed records (``book/data/records``), written to ``book/records/<machine>.md``,
 with ``book/records.md`` listing them.
 
-Chapters 7, 9 and 10 show one reference machine (:mod:`convlab.lab.record_pages`); this
+Chapters 7, 9 and 10 show one reference machine (:mod:`convlab.lab.record.record_pages`); this
 script runs the same ``from-records`` cells of chapters 2, 7, 9 and 10 once per machine,
-with :func:`convlab.lab.records.load_records` returning only that machine's records and
-:func:`convlab.lab.record_pages.appendix_scope` on, and writes what they print and display.
+with :func:`convlab.lab.record.records.load_records` returning only that machine's records and
+:func:`convlab.lab.record.record_pages.appendix_scope` on, and writes what they print and display.
 The rendering code stays in the chapters: nothing here formats a record.
 
 The pages are committed (``make book`` needs no extra step);
@@ -88,7 +88,7 @@ def chapter_sections(name: str, recs: list[Any]) -> tuple[str, list[tuple[str, l
     import IPython.display
     import matplotlib.pyplot as plt
 
-    from convlab.lab import record_pages, records
+    from convlab.lab.record import record_pages, records
 
     nb = nbformat.read(ROOT / "book" / f"{name}.ipynb", as_version=4)
     title = heading_of(nb.cells[0]) or name
@@ -150,6 +150,8 @@ def render(items: list[tuple[str, Any]]) -> list[str]:
         if kind == "text":
             out += ["```text", value.rstrip("\n"), "```", ""]
         elif hasattr(value, "headers") and hasattr(value, "rows"):
+            if not value.rows:
+                continue  # a machine without that section: its text says so
             for part in parts(value):
                 out += [part._repr_markdown_(), ""]
         elif hasattr(value, "_repr_markdown_"):
@@ -162,7 +164,7 @@ def render(items: list[tuple[str, Any]]) -> list[str]:
 
 
 def machine_page(slug: str, recs: list[Any]) -> str:
-    from convlab.lab import machine
+    from convlab.lab.method import machine
 
     name = recs[0].machine_name
     lines = [f"({INDEX}-{slug})=", f"# {name}", "",
@@ -186,7 +188,7 @@ def machine_page(slug: str, recs: list[Any]) -> str:
 
 def pages() -> dict[Path, str]:
     """Every page of the appendix: ``{path: text}``."""
-    from convlab.lab import record_pages, records
+    from convlab.lab.record import record_pages, records
 
     every = records.load_records()
     by: dict[str, list[Any]] = {}

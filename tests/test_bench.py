@@ -15,10 +15,11 @@ import pytest
 import torch
 
 from convlab import cli
-from convlab.lab import bench, bench_report, paths, profiling
+from convlab.lab import bench, bench_report, paths
 from convlab.lab.bench_report import Report, Result
+from convlab.lab.method import profiling
+from convlab.lab.method.timing import Timing
 from convlab.lab.paths import Layer
-from convlab.lab.timing import Timing
 
 TINY = Layer("tiny", (2, 3, 9, 8), (4, 3, 3, 3), stride=2, padding=1)
 TINY_T = Layer("tiny_t", (2, 4, 5, 5), (4, 3, 3, 3), stride=2, padding=1, transposed=True,

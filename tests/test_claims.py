@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from convlab.cli import main as cli_main
-from convlab.lab import claims, machine, timing
+from convlab.lab import claims
 from convlab.lab.claims import bits, core, cuda, memory, perf, probe, resolve, subnormal
-from convlab.lab.effect import median_ci
+from convlab.lab.method import machine, timing, verbose_probes
+from convlab.lab.method.effect import median_ci
 
 ID = re.compile(r"^(intro|ch(1[0-3]|[1-9]))_[a-z0-9_]+$")
 
@@ -247,7 +248,7 @@ def test_matrix_from_stored_outcomes(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_matrix_reads_committed_records() -> None:
-    from convlab.lab import records
+    from convlab.lab.record import records
 
     found = records.load_records()
     headers, rows = claims.matrix(found, None)
@@ -259,7 +260,7 @@ def test_matrix_reads_committed_records() -> None:
 def test_old_and_new_records_load_with_their_states(tmp_path) -> None:
     """A committed record (stored before inconclusive and error existed) and the same
     record storing every new state both load; each status reads as stored."""
-    from convlab.lab import records
+    from convlab.lab.record import records
 
     path = sorted(records.RECORDS_DIR.glob("*__*.json"))[0]
     data = json.loads(path.read_text())
@@ -297,7 +298,7 @@ def test_cli_json_schema(monkeypatch: pytest.MonkeyPatch,
 
 
 def test_cli_text(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from convlab.lab import records
+    from convlab.lab.record import records
 
     monkeypatch.setattr(claims, "CLAIMS", five(7))
     monkeypatch.setattr(records, "load_records", lambda: [])
@@ -379,7 +380,7 @@ def test_cli_bad_arguments(argv: list[str], monkeypatch: pytest.MonkeyPatch,
 
 def test_cli_counts_the_records_that_agree(monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
-    from convlab.lab import records
+    from convlab.lab.record import records
 
     monkeypatch.setattr(claims, "CLAIMS", (fake("ch7_a", core.HOLDS, 7),))
     stored = [_record("CPU A", "avx2", {"ch7_a": {"status": core.HOLDS}}),
@@ -609,7 +610,7 @@ def test_mkl_cap_claim_is_inconclusive_where_the_aa_gap_decides(
     seq = iter(rates)
     monkeypatch.setattr(torch.backends.mkl, "is_available", lambda: True)
     monkeypatch.setattr(machine, "cpu_flags", lambda: {"sse4_1", "avx", "avx2", "fma"})
-    monkeypatch.setattr(machine, "mkl_probe", lambda: "AVX2 path")
+    monkeypatch.setattr(verbose_probes, "mkl_probe", lambda: "AVX2 path")
     monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
     monkeypatch.setattr(perf, "mkl_gflops", lambda: next(seq))
     monkeypatch.setattr(probe, "facts_under",

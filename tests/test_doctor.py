@@ -49,7 +49,7 @@ def test_doctor_passes_here(doctor_output) -> None:
 
 
 def test_doctor_prints_the_machine_fingerprint(doctor_output) -> None:
-    from convlab.lab import machine
+    from convlab.lab.method import machine
 
     _, text = doctor_output
     section = text.split("== machine fingerprint")[1].split("\n==")[0]
@@ -63,11 +63,11 @@ def test_doctor_prints_the_machine_fingerprint(doctor_output) -> None:
 
 def test_doctor_prints_the_mkl_code_path_whole(monkeypatch) -> None:
     """E5: MKL's path on an AVX-512/AMX CPU holds commas (tests/fixtures/cpus, Intel)."""
-    from convlab.lab import machine
+    from convlab.lab.method import machine, verbose_probes
 
     fixture = (Path(__file__).parent / "fixtures" / "cpus"
                / "intel-xeon-sapphire-rapids-x2.txt").read_text()
-    path = machine.parse_mkl_verbose(fixture)
+    path = verbose_probes.parse_mkl_verbose(fixture)
     fp = {**machine.fingerprint(), "blas": {"mkl_version": "2024.2", "mkl_path": path,
                                             "numpy_blas": []}}
     monkeypatch.setattr(machine, "fingerprint", lambda: fp)

@@ -1,4 +1,4 @@
-"""DP-SGD as users run it (convlab.lab.dpsgd): per-sample gradients of Opacus, Opacus with
+"""DP-SGD as users run it (convlab.lab.sections.dpsgd): per-sample gradients of Opacus, Opacus with
 convlab's conv grad sampler and BackPACK agree in float64, and so do their whole steps."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from convlab import opacus_sampler
-from convlab.lab import dpsgd
+from convlab.lab.sections import dpsgd
 
 # Opacus and BackPACK are pinned in requirements.txt with this torch: with the pinned torch
 # (make test) a missing one fails here. make compat runs other torch versions, where they
@@ -112,15 +112,20 @@ def test_bad_names() -> None:
 
 
 def test_record_quick_structure(monkeypatch) -> None:
-    from convlab.lab import record_schema
+    from convlab.lab.record import record_schema
 
     before = torch.get_num_threads()
     rec = dpsgd.record(quick=True)
     assert torch.get_num_threads() == before
     assert rec["peers"]["opacus"] == "1.6.0" and rec["peers"]["backpack-for-pytorch"]
     (run,) = rec["runs"]
-    assert list(run["steps"]) == list(dpsgd.STEPS)
+    assert list(run["steps"]) == [*dpsgd.STEPS, dpsgd.AA]
     assert run["steps"]["Opacus hooks"]["ratio_vs_opacus"] == 1.0
+    assert run["steps"]["SGD (no privacy)"]["ratio_vs_sgd"] == 1.0
+    assert run["aa_band"] >= 0 and len(run["steps"][dpsgd.AA]["round_ratios_vs_sgd"]) == 3
+    bk = run["steps"]["convlab book-keeping"]
+    assert bk["target_verdict"] in ("holds", "does not hold", "inconclusive")
+    assert bk["process_ratios_vs_sgd"] == [bk["ratio_vs_sgd"]]
     assert all(row["peak_mb"] > 0 for row in run["steps"].values())
     assert record_schema._dpsgd_problems(rec) == []
     monkeypatch.setattr(dpsgd, "NEEDS", {"BackPACK": "no_such_module_here"})
@@ -134,3 +139,16 @@ def test_an_old_opacus_counts_as_missing(monkeypatch) -> None:
     monkeypatch.setattr(dpsgd.importlib.metadata, "version",
                         lambda dist: "1.5.2" if dist == "opacus" else real(dist))
     assert dpsgd.missing() == ["opacus 1.5.2 is older than 1.6"]
+
+
+def test_target_verdict_needs_the_noise_to_clear_the_target() -> None:
+    assert dpsgd.target_verdict(1.1, 0.1) == "holds"  # 1.21 <= 1.3
+    assert dpsgd.target_verdict(1.1, 0.1, spread=0.25) == "inconclusive"
+    assert dpsgd.target_verdict(1.5, 0.1) == "does not hold"  # 1.36 > 1.3
+    assert dpsgd.target_verdict(1.35, 0.1) == "inconclusive"
+    assert dpsgd.target_verdict(1.2, 0.0, target=1.1) == "does not hold"
+
+
+def test_process_ratios_run_in_fresh_processes() -> None:
+    ratios = dpsgd.process_ratios(4, 1, processes=1, quick=True)
+    assert len(ratios) == 1 and 0 < ratios[0] < 100

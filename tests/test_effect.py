@@ -1,4 +1,4 @@
-"""convlab.lab.effect: median ratios with an order-statistic CI, and the smallest ratio a
+"""convlab.lab.method.effect: median ratios with an order-statistic CI, and the smallest ratio a
 run resolves, on synthetic per-round times whose true ratio is known."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import random
 
 import pytest
 
-from convlab.lab import effect
-from convlab.lab.timing import band_from_ratios, verdict_of
+from convlab.lab.method import effect
+from convlab.lab.method.timing import band_from_ratios, verdict_of
 
 
 def synthetic(ratio: float, rounds: int, noise: float, seed: int) -> tuple[list, list]:

@@ -253,7 +253,8 @@ def test_choose_method_follows_its_rule(case, route) -> None:
 
 def test_choose_method_within_its_stated_margin_on_the_committed_sweeps() -> None:
     """The docstring's numbers, recomputed from the records' per_sample_auto sections."""
-    from convlab.lab import per_sample_auto, records
+    from convlab.lab.record import records
+    from convlab.lab.sections import per_sample_auto
 
     # per setting: (near, worst) of the rule; its time against the scratch rule alone
     # (geometric mean, least, largest) and peak memory (geometric mean)

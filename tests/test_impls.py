@@ -1,4 +1,4 @@
-"""convlab.lab.impls: oneDNN's implementation per pass, parsed from verbatim verbose lines
+"""convlab.lab.sections.impls: oneDNN's implementation per pass, parsed from verbatim verbose lines
 of an Intel Xeon (fixture) and measured on this machine (any CPU with oneDNN)."""
 
 from __future__ import annotations
@@ -9,7 +9,9 @@ import pytest
 import torch
 from fixtures.cpu_fixtures import CPUS
 
-from convlab.lab import impls, profiling, record_schema
+from convlab.lab.method import profiling
+from convlab.lab.record import record_schema
+from convlab.lab.sections import impls
 
 BACKWARD = CPUS / "intel-xeon-sapphire-rapids-x2-backward.txt"
 

@@ -12,6 +12,12 @@ One name for each thing: a module never re-exports a name it imported (lists it 
 forwarding; callers import a name from the module that defines it. A package's
 ``__init__`` is the one exception: it may list, in ``__all__``, names of its own
 subpackages (the package's public surface, e.g. ``convlab.autograd.convolution``).
+
+The lab has rooms (issue 52): ``method`` (how it measures) < the lab's own modules
+(``paths``, ``bench``, ``doctor``, ...) < ``sections`` (a record's sections, each in the one
+table ``SECTIONS``) < ``record`` (the record: schema, reading, ``make records``) <
+``claims``, each importing only the rooms before it; the old flat module paths are gone,
+not forwarded; and the C++ extension is one file per kernel family, none over 500 lines.
 """
 
 from __future__ import annotations
@@ -27,15 +33,25 @@ import pytest
 
 import convlab
 
-# opacus_sampler: one module, not a package, for DP-SGD users (imports scratch and aten;
-# lab's dpsgd imports it), so between aten and lab
-RANK = {"scratch": 0, "aten": 1, "opacus_sampler": 1.5, "lab": 2, "autograd": 3, "cli": 4}
+# opacus_sampler and dp_step: one module each, not packages, for DP-SGD users (they import
+# scratch and aten, dp_step also opacus_sampler; lab's sections import both), so between
+# aten and lab
+RANK = {"scratch": 0, "aten": 1, "opacus_sampler": 1.5, "dp_step": 1.6, "lab": 2, "autograd": 3,
+        "cli": 4}
 MAX_LINES = 500
+# The lab's rooms, each importing only those before it; "lab" is the lab's own modules.
+LAB_RANK = {"method": 0, "lab": 1, "sections": 2, "record": 3, "claims": 4}
+LAB_OWN = {"bench", "bench_report", "doctor", "notebook", "paths"}
+# Where the flat lab modules went (issue 52): no module may stand at the old path.
+MOVED = ("timing", "effect", "machine", "isa_settings", "profiling", "numerics", "records",
+         "record_schema", "record_pages", "record_sentences", "version_runs", "suite",
+         "roofline", "peers", "reference_speed", "per_sample_timing", "per_sample_auto",
+         "dpsgd", "impls", "lowp", "lowp_ours")
 
 
 @dataclass(frozen=True)
 class Module:
-    name: str  # convlab.lab.timing
+    name: str  # convlab.lab.method.timing
     path: Path
 
     @property
@@ -61,9 +77,32 @@ BY_NAME = {m.name: m for m in MODULES}
 
 
 def part_of(module: str) -> str | None:
-    """``convlab.lab.timing`` -> ``lab``; the package root itself has no part."""
+    """``convlab.lab.method.timing`` -> ``lab``; the package root itself has no part."""
     pieces = module.split(".")
     return pieces[1] if len(pieces) > 1 and pieces[0] == "convlab" else None
+
+
+def room_of(module: str) -> str | None:
+    """``convlab.lab.method.timing`` -> ``method``; ``convlab.lab.paths`` -> ``lab``; None
+    outside the lab (and for ``convlab.lab`` itself)."""
+    pieces = module.split(".")
+    if pieces[:2] != ["convlab", "lab"] or len(pieces) < 3:
+        return None
+    return pieces[2] if pieces[2] in LAB_RANK else "lab"
+
+
+def section_modules(table: dict[str, str]) -> dict[str, str]:
+    """The module of each entry of a ``SECTIONS`` table (``name -> "module:function"``)."""
+    return {name: target.partition(":")[0] for name, target in table.items()}
+
+
+def defines_a_section(path: Path) -> bool:
+    """Whether ``path`` defines a module-level ``record(quick=...)``: a record section."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.FunctionDef) and node.name == "record" and any(
+                a.arg == "quick" for a in node.args.args + node.args.kwonlyargs):
+            return True
+    return False
 
 
 def convlab_imports(path: Path, known: Iterable[str] = ()) -> list[tuple[int, str]]:
@@ -222,7 +261,7 @@ def test_modules_are_found_where_convlab_is_imported_from() -> None:
     found no module, and every check here passed vacuously."""
     root = Path(convlab.__file__).resolve().parent
     assert {m.path.resolve().parent for m in MODULES} >= {root, root / "scratch", root / "lab"}
-    assert {"convlab.scratch.reference", "convlab.lab.timing", "convlab.cli",
+    assert {"convlab.scratch.reference", "convlab.lab.method.timing", "convlab.cli",
             "convlab.autograd.common"} <= set(BY_NAME)
     on_disk = {p.resolve() for p in root.rglob("*.py") if "csrc" not in p.parts}
     assert on_disk == {m.path.resolve() for m in MODULES}
@@ -253,6 +292,82 @@ def test_no_module_imports_a_higher_part(module: Module) -> None:
 def test_no_module_is_over_500_lines(module: Module) -> None:
     lines = len(module.path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{lines} lines: split it by concept"
+
+
+def test_no_cpp_source_is_over_500_lines() -> None:
+    """Regression (issue 52): convlab_ext.cpp was one 1,318-line file; it is now the
+    registration plus one file per kernel family (and the headers they share)."""
+    csrc = Path(convlab.__file__).resolve().parent / "aten" / "csrc"
+    sources = sorted(csrc.glob("*.cpp")) + sorted(csrc.glob("*.h"))
+    assert len(sources) > 1
+    long = {p.name: n for p in sources if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"split by kernel family: {long}"
+
+
+def test_the_extension_builds_every_cpp_source() -> None:
+    """Every .cpp beside convlab_ext.cpp is compiled into the extension (one list, in
+    convlab.aten.extension), and the wheel carries the headers they include."""
+    from convlab.aten import extension
+
+    csrc = Path(convlab.__file__).resolve().parent / "aten" / "csrc"
+    assert set(extension.SOURCES) == set(csrc.glob("*.cpp"))
+    pyproject = Path(convlab.__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():  # a checkout (an installed wheel has no pyproject)
+        assert '"csrc/*.h"' in pyproject.read_text()
+
+
+def test_the_lab_has_rooms_and_its_modules_are_in_them() -> None:
+    """Regression (issue 52): ``convlab/lab/`` was 24 flat modules beside ``claims/``. Its
+    direct modules are now the rooms and the lab's own few; the old paths are gone (no
+    forwarding module left behind)."""
+    direct = {m.name.split(".")[2] for m in MODULES
+              if m.name.startswith("convlab.lab.") and m.name.count(".") >= 2}
+    assert direct == set(LAB_RANK) - {"lab"} | LAB_OWN, direct ^ (set(LAB_RANK) - {"lab"}
+                                                                   | LAB_OWN)
+    left = [f"convlab.lab.{n}" for n in MOVED if importlib.util.find_spec(f"convlab.lab.{n}")]
+    assert not left, f"old module paths still importable: {left}"
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if room_of(m.name)],
+                         ids=lambda m: m.name)
+def test_no_lab_module_imports_a_later_room(module: Module) -> None:
+    here = room_of(module.name)
+    later = [f"line {line}: {name}" for line, name in convlab_imports(module.path, BY_NAME)
+             if room_of(name) and LAB_RANK[room_of(name)] > LAB_RANK[here]]
+    assert not later, f"the lab's {here} must not import a later room: {later}"
+
+
+def test_record_sections_live_in_one_package_registered_in_one_table() -> None:
+    """A record section is a module of convlab.lab.sections with ``record(quick=...)`` and one
+    line of ``SECTIONS`` (the claims' section is the claims package's own); no module
+    elsewhere defines a section, and no section module is left out of the table."""
+    from convlab.lab.sections import SECTIONS
+
+    registered = section_modules(SECTIONS)
+    package = {m.name for m in MODULES
+               if m.name.startswith("convlab.lab.sections.") and not m.is_package}
+    assert set(registered.values()) - package == {"convlab.lab.claims"}
+    unregistered = package - set(registered.values())
+    assert not unregistered, f"section modules missing from SECTIONS: {unregistered}"
+    outside = [m.name for m in MODULES if room_of(m.name) in ("method", "lab", "record")
+               and defines_a_section(m.path)]
+    assert not outside, f"record sections outside convlab.lab.sections: {outside}"
+    for name, target in SECTIONS.items():
+        module, _, function = target.partition(":")
+        assert BY_NAME[module].path.read_text().count(f"def {function}("), name
+
+
+@pytest.mark.parametrize("room", ["method", "record", "sections"])
+def test_a_room_package_imports_nothing_to_pass_on(room: str) -> None:
+    """A room's ``__init__`` is its docstring (and, for sections, the table), never a
+    re-export of its modules' names. (claims' ``__init__`` joins its tables' rows and uses
+    them; test_no_module_re_exports_or_forwards checks it.)"""
+    init = BY_NAME[f"convlab.lab.{room}"]
+    tree = ast.parse(init.path.read_text())
+    imports = [n for n in ast.walk(tree) if isinstance(n, ast.Import | ast.ImportFrom)
+               and not (isinstance(n, ast.ImportFrom) and n.module == "__future__")]
+    assert not imports and not _all_names(tree), \
+        f"{init.name} passes names on: {[ast.unparse(n) for n in imports]}"
 
 
 def test_no_import_cycle() -> None:
@@ -353,6 +468,18 @@ def test_re_exports_and_forwarding_are_found(tmp_path: Path) -> None:
     assert "imports reference and never uses it" in text
     assert "re-exports ConvParams" in text and "convolution" not in text
     assert re_exports(ok) == []
+
+
+def test_the_room_and_section_checks_can_fail(tmp_path: Path) -> None:
+    assert room_of("convlab.lab.method.timing") == "method"
+    assert room_of("convlab.lab.paths") == "lab" and room_of("convlab.lab") is None
+    assert room_of("convlab.aten.native") is None
+    flat = tmp_path / "suite.py"
+    flat.write_text("def record(quick: bool = False) -> dict:\n    return {}\n")
+    assert defines_a_section(flat)
+    flat.write_text("def record(x):\n    return x\n")
+    assert not defines_a_section(flat)
+    assert section_modules({"a": "m.n:record"}) == {"a": "m.n"}
 
 
 def test_copied_blocks_are_found(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""convlab.lab.lowp: bfloat16/float16 oneDNN backward against float32, where ATen routes
+"""convlab.lab.sections.lowp: bfloat16/float16 oneDNN backward against float32, where ATen routes
 them to oneDNN; elsewhere stored as not supported with the reason."""
 
 from __future__ import annotations
@@ -6,7 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from convlab.lab import lowp, paths, record_schema
+from convlab.lab import paths
+from convlab.lab.record import record_schema
+from convlab.lab.sections import lowp
 
 pytestmark = pytest.mark.skipif(not torch.backends.mkldnn.is_available(),
                                 reason="no oneDNN in this build")

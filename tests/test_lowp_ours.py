@@ -1,4 +1,4 @@
-"""convlab.lab.lowp_ours: convlab's routes in reduced precision. No assertion on a time."""
+"""convlab.lab.sections.lowp_ours: convlab's routes in reduced precision. No assertion on a time."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import torch
 
-from convlab.lab import lowp, lowp_ours
+from convlab.lab.sections import lowp, lowp_ours
 from convlab.scratch.per_sample import ROUTES
 
 

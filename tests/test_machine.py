@@ -1,4 +1,4 @@
-"""convlab.lab.machine: the fingerprint, its parsers and the ISA settings, the settings'
+"""convlab.lab.method.machine: the fingerprint, its parsers and the ISA settings, the settings'
 checks over fixtures of several CPUs (tests/fixtures/cpus: none depends on this CPU)."""
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ import pytest
 import torch
 from fixtures.cpu_fixtures import INTEL, fixture_run, intel_fixture, json_fixture, setting
 
-from convlab.lab import isa_settings, machine, notebook, record_schema, records
+from convlab.lab import notebook
+from convlab.lab.method import isa_settings, machine, verbose_probes
+from convlab.lab.record import record_schema, records, runner
 
 OFFERED = {
     "intel": ["amx", "avx512_fp16", "avx512_bf16", "avx512", "avx2", "sse41"],
@@ -103,9 +105,9 @@ def test_records_of_two_hosts_of_one_model_get_two_names():
               "caches": {"L2": 2**21, "L3": l3}}
         return fp, {"fingerprint": fp}
     (fp_a, a), (fp_b, b) = rec(300 * 2**20), rec(480 * 2**20)
-    assert records.cpu_identity(a) != records.cpu_identity(b)
+    assert runner.cpu_identity(a) != runner.cpu_identity(b)
     with pytest.raises(ValueError, match="another CPU"):
-        records.merge({"schema": record_schema.SCHEMA, **a}, {"sections": {}, **b})
+        runner.merge({"schema": record_schema.SCHEMA, **a}, {"sections": {}, **b})
     assert (machine.machine_slug("Intel(R) Xeon(R) Processor", 2, fp_a["caches"])
             != machine.machine_slug("Intel(R) Xeon(R) Processor", 2, fp_b["caches"]))
 
@@ -122,7 +124,7 @@ def test_two_hosts_of_one_model_and_cache_differ_by_cpuid_family_and_model():
     assert len({machine.slug_of(f) for f in (zen4, zen5, old)}) == 3
     assert machine.display_name(zen4) == "AMD EPYC x2 (L3 32 MiB, family 25 model 17)"
     assert machine.display_name(old) == "AMD EPYC x2 (L3 32 MiB)"
-    assert records.cpu_identity({"fingerprint": zen4}) != records.cpu_identity(
+    assert runner.cpu_identity({"fingerprint": zen4}) != runner.cpu_identity(
         {"fingerprint": zen5})
 
 
@@ -145,11 +147,11 @@ def test_parse_onednn_verbose():
         "onednn_verbose,v1,primitive,exec,cpu,convolution,x64:gemm:jit,backward_weights,"
         "src:f32,,alg:convolution_direct,mb2,0.3",
     ])
-    got = machine.parse_onednn_verbose(text)
+    got = verbose_probes.parse_onednn_verbose(text)
     assert got["isa_info"].startswith("Intel AVX-512 with AVX512BW")
     assert got["implementations"] == {"forward_training": "jit:avx512_core",
                                       "backward_weights": "x64:gemm:jit"}
-    assert machine.parse_onednn_verbose("") == {"isa_info": None, "implementations": {}}
+    assert verbose_probes.parse_onednn_verbose("") == {"isa_info": None, "implementations": {}}
 
 
 def test_parse_mkl_verbose():
@@ -157,19 +159,19 @@ def test_parse_mkl_verbose():
                "architecture Intel(R) Architecture processors, Lnx 2.45GHz lp64 gnu_thread")
     avx2 = ("MKL_VERBOSE oneMKL 2024.0 Product build 20240605 for Intel(R) 64 architecture "
             "Intel(R) Advanced Vector Extensions 2 (Intel(R) AVX2) enabled processors, Lnx")
-    assert machine.parse_mkl_verbose(generic) == "Intel(R) Architecture processors"
-    assert machine.parse_mkl_verbose(avx2).endswith("(Intel(R) AVX2) enabled processors")
-    assert machine.parse_mkl_verbose("nothing") is None
+    assert verbose_probes.parse_mkl_verbose(generic) == "Intel(R) Architecture processors"
+    assert verbose_probes.parse_mkl_verbose(avx2).endswith("(Intel(R) AVX2) enabled processors")
+    assert verbose_probes.parse_mkl_verbose("nothing") is None
 
 
 def test_the_mkl_code_path_is_kept_whole():
     """The Intel AMX header: the path holds commas; it runs up to the OS field."""
     (line,) = [ln for ln in INTEL.read_text().splitlines() if ln.startswith("MKL_VERBOSE")]
-    path = machine.parse_mkl_verbose(line)
+    path = verbose_probes.parse_mkl_verbose(line)
     assert path == ("Intel(R) Advanced Vector Extensions 512 (Intel(R) AVX-512) with support "
                     "for INT8, BF16, FP16 (limited) instructions, and Intel(R) Advanced "
                     "Matrix Extensions (Intel(R) AMX) with INT8 and BF16")
-    assert machine.parse_mkl_verbose(line.replace(", Lnx", ", Win")) == path
+    assert verbose_probes.parse_mkl_verbose(line.replace(", Lnx", ", Win")) == path
     fp = {"cpu_model": "Intel Xeon", "cores": 2, "blas": {"mkl_version": "2024.2",
                                                           "mkl_path": path}}
     assert f"MKL 2024.2 ({path})" in machine.fingerprint_line(fp)
@@ -259,8 +261,8 @@ def test_fingerprint_of_this_process():
 
 
 def test_fingerprint_leaves_verbose_off_and_prints_nothing(capfd):
-    machine.onednn_probe.cache_clear()
-    machine.mkl_probe.cache_clear()
+    verbose_probes.onednn_probe.cache_clear()
+    verbose_probes.mkl_probe.cache_clear()
     machine.fingerprint()
     x = torch.randn(1, 2, 5, 5, requires_grad=True)
     torch.nn.functional.conv2d(x, torch.randn(2, 2, 3, 3)).sum().backward()
@@ -274,7 +276,7 @@ def test_a_fresh_process_under_the_lowest_setting_reports_it():
     if not isa_settings.available_settings() or sse.label not in {
             s.label for s in isa_settings.available_settings()}:
         pytest.skip("this CPU has no SSE4.1")
-    code = ("import json; from convlab.lab import machine as m, isa_settings as s; "
+    code = ("import json; from convlab.lab.method import machine as m, isa_settings as s; "
             "fp = m.fingerprint(); print(json.dumps([fp['aten_cpu_capability'], "
             "s.check_setting(s.ISA_SETTINGS[-1], fp)]))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, **sse.env},

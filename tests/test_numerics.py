@@ -1,4 +1,4 @@
-"""convlab.lab.numerics: ULPs, relative errors and the float64 oracle comparison.
+"""convlab.lab.sections.numerics: ULPs, relative errors and the float64 oracle comparison.
 
 These test the machinery, not the machine: no assertion depends on which backend this CPU
 picks, its thread count or the size of its rounding errors in low precision.
@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from convlab.aten import backends
-from convlab.lab import numerics
+from convlab.lab.method import float_errors
+from convlab.lab.sections import numerics
 
 LOW = [torch.float16, torch.bfloat16, torch.float32]
 
@@ -26,21 +27,21 @@ def _next_up(x: torch.Tensor) -> torch.Tensor:
 def test_ulp_is_the_gap_to_the_next_number(dtype: torch.dtype) -> None:
     x = torch.tensor([1.0, 1.5, 3.0, -6.0, 1000.0], dtype=dtype)
     gap = (_next_up(x.abs()) - x.abs()).double()
-    assert torch.equal(numerics.ulp(x.double(), dtype), gap)
+    assert torch.equal(float_errors.ulp(x.double(), dtype), gap)
 
 
 @pytest.mark.parametrize("dtype", LOW)
 def test_ulp_below_the_normal_range_is_the_subnormal_spacing(dtype: torch.dtype) -> None:
     info = torch.finfo(dtype)
     tiny_gap = info.tiny * info.eps
-    got = numerics.ulp(torch.tensor([0.0, info.tiny / 4], dtype=torch.float64), dtype)
+    got = float_errors.ulp(torch.tensor([0.0, info.tiny / 4], dtype=torch.float64), dtype)
     assert got.tolist() == [tiny_gap, tiny_gap]
 
 
 @pytest.mark.parametrize("dtype", LOW)
 def test_representable_values_score_zero_ulps(dtype: torch.dtype) -> None:
     x = torch.randn(100, dtype=torch.float64).to(dtype)
-    assert numerics.ulp_error(x, x.double()).max().item() == 0.0
+    assert float_errors.ulp_error(x, x.double()).max().item() == 0.0
 
 
 @pytest.mark.parametrize("dtype", LOW)
@@ -49,59 +50,59 @@ def test_the_next_number_scores_one_ulp(dtype: torch.dtype) -> None:
     x = (1.5 * 2.0 ** torch.arange(-4, 5, dtype=torch.float64)).to(dtype)
     up = _next_up(x)
     down = torch.nextafter(x, torch.full_like(x, -math.inf))
-    assert torch.equal(numerics.ulp_error(up, x.double()), torch.ones(9, dtype=torch.float64))
-    assert torch.equal(numerics.ulp_error(down, x.double()), torch.ones(9, dtype=torch.float64))
+    assert torch.equal(float_errors.ulp_error(up, x.double()), torch.ones(9, dtype=torch.float64))
+    assert torch.equal(float_errors.ulp_error(down, x.double()), torch.ones(9, dtype=torch.float64))
 
 
 def test_halfway_value_scores_half_an_ulp() -> None:
     exact = torch.tensor([1.0 + 2.0**-8], dtype=torch.float64)  # halfway in bfloat16
     rounded = exact.to(torch.bfloat16)
-    assert numerics.ulp_error(rounded, exact).item() == 0.5
+    assert float_errors.ulp_error(rounded, exact).item() == 0.5
 
 
 def test_ulp_error_counts_in_the_given_dtype() -> None:
     exact = torch.tensor([1.0], dtype=torch.float64)
     actual = torch.tensor([1.0 + 2.0**-7], dtype=torch.float64)
-    assert numerics.ulp_error(actual, exact, torch.bfloat16).item() == 1.0
-    assert numerics.ulp_error(actual, exact, torch.float16).item() == 8.0
+    assert float_errors.ulp_error(actual, exact, torch.bfloat16).item() == 1.0
+    assert float_errors.ulp_error(actual, exact, torch.float16).item() == 8.0
 
 
 def test_ulp_error_nan_and_inf() -> None:
     nan, inf = math.nan, math.inf
     actual = torch.tensor([nan, nan, 1.0, inf, inf, -inf])
     exact = torch.tensor([nan, 1.0, nan, inf, -inf, -inf], dtype=torch.float64)
-    got = numerics.ulp_error(actual, exact).tolist()
+    got = float_errors.ulp_error(actual, exact).tolist()
     assert got == [0.0, inf, inf, 0.0, inf, 0.0]
 
 
 def test_relative_error_of_identical_tensors_is_zero() -> None:
     x = torch.randn(3, 4, dtype=torch.float64)
-    assert numerics.relative_error(x, x) == 0.0
-    assert numerics.relative_error(x, x, norm="max") == 0.0
-    assert numerics.relative_error(torch.zeros(3), torch.zeros(3)) == 0.0
-    assert numerics.relative_error(torch.empty(0), torch.empty(0)) == 0.0
+    assert float_errors.relative_error(x, x) == 0.0
+    assert float_errors.relative_error(x, x, norm="max") == 0.0
+    assert float_errors.relative_error(torch.zeros(3), torch.zeros(3)) == 0.0
+    assert float_errors.relative_error(torch.empty(0), torch.empty(0)) == 0.0
 
 
 def test_relative_error_values() -> None:
     exact = torch.tensor([3.0, 4.0], dtype=torch.float64)  # norm 5, max 4
     actual = torch.tensor([3.0, 4.5], dtype=torch.float64)
-    assert numerics.relative_error(actual, exact) == pytest.approx(0.1)
-    assert numerics.relative_error(actual, exact, norm="max") == pytest.approx(0.125)
-    assert numerics.relative_error(torch.ones(2), torch.zeros(2)) == math.inf
+    assert float_errors.relative_error(actual, exact) == pytest.approx(0.1)
+    assert float_errors.relative_error(actual, exact, norm="max") == pytest.approx(0.125)
+    assert float_errors.relative_error(torch.ones(2), torch.zeros(2)) == math.inf
 
 
 def test_relative_error_nan_handling() -> None:
     exact = torch.tensor([1.0, math.nan, 2.0], dtype=torch.float64)
     same = torch.tensor([1.0, math.nan, 2.0])
-    assert numerics.relative_error(same, exact) == 0.0
-    assert numerics.relative_error(torch.tensor([1.0, 0.0, 2.0]), exact) == math.inf
-    assert numerics.relative_error(torch.tensor([math.nan, math.nan, 2.0]), exact) == math.inf
+    assert float_errors.relative_error(same, exact) == 0.0
+    assert float_errors.relative_error(torch.tensor([1.0, 0.0, 2.0]), exact) == math.inf
+    assert float_errors.relative_error(torch.tensor([math.nan, math.nan, 2.0]), exact) == math.inf
 
 
 def test_grad_error_fields() -> None:
     exact = torch.tensor([1.5, -0.25], dtype=torch.float64)
     actual = _next_up(exact.to(torch.bfloat16))
-    err = numerics.grad_error(actual, exact, torch.bfloat16)
+    err = float_errors.grad_error(actual, exact, torch.bfloat16)
     assert err.ulps == 1.0  # one ulp at the largest entry, 1.5
     assert err.max_ulp == 1.0
     assert err.max_rel == pytest.approx(2.0**-7 / 1.5)
@@ -118,7 +119,7 @@ def test_backward_error_of_float64_is_zero_to_rounding(kwargs: dict, groups: int
     x = torch.randn(2, 6, 9, 9, dtype=torch.float64)
     w = torch.randn(6, 6 // groups, 3, 3, dtype=torch.float64)
     y = torch.nn.functional.conv2d(x, w, groups=groups, **kwargs)
-    errs = numerics.backward_error(
+    errs = float_errors.backward_error(
         torch.randn_like(y), x, w, groups=groups, dtype=torch.float64, **kwargs
     )
     assert set(errs) == {"grad_input", "grad_weight", "grad_bias"}
@@ -131,7 +132,7 @@ def test_backward_error_slow_backend_and_mask() -> None:
     torch.manual_seed(0)
     x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
     go = torch.randn(2, 4, 6, 6)
-    errs = numerics.backward_error(
+    errs = float_errors.backward_error(
         go, x, w, dtype=torch.float32, backend="slow", output_mask=(False, True, False)
     )
     assert list(errs) == ["grad_weight"]
@@ -149,7 +150,7 @@ def test_backward_error_detects_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) 
 
     monkeypatch.setattr(native, "convolution_backward", off_by_one_percent)
     x, w = torch.randn(2, 3, 8, 8), torch.randn(4, 3, 3, 3)
-    errs = numerics.backward_error(torch.randn(2, 4, 6, 6), x, w, dtype=torch.float64)
+    errs = float_errors.backward_error(torch.randn(2, 4, 6, 6), x, w, dtype=torch.float64)
     assert errs["grad_weight"].rel == pytest.approx(0.01, rel=1e-6)
     assert errs["grad_input"].rel < 1e-13
 
@@ -157,25 +158,25 @@ def test_backward_error_detects_a_wrong_kernel(monkeypatch: pytest.MonkeyPatch) 
 @pytest.mark.parametrize(
     ("call", "exc", "word"),
     [
-        (lambda: numerics.ulp(torch.ones(2), "float32"), TypeError, "dtype"),
-        (lambda: numerics.ulp(torch.ones(2), torch.int32), ValueError, "dtype"),
-        (lambda: numerics.ulp([1.0], torch.float32), TypeError, "values"),
-        (lambda: numerics.ulp_error(torch.ones(2), torch.ones(3)), ValueError, "shape"),
-        (lambda: numerics.ulp_error(torch.ones(2, dtype=torch.int64), torch.ones(2)),
+        (lambda: float_errors.ulp(torch.ones(2), "float32"), TypeError, "dtype"),
+        (lambda: float_errors.ulp(torch.ones(2), torch.int32), ValueError, "dtype"),
+        (lambda: float_errors.ulp([1.0], torch.float32), TypeError, "values"),
+        (lambda: float_errors.ulp_error(torch.ones(2), torch.ones(3)), ValueError, "shape"),
+        (lambda: float_errors.ulp_error(torch.ones(2, dtype=torch.int64), torch.ones(2)),
          TypeError, "actual"),
-        (lambda: numerics.ulp_error(torch.ones(2), None), TypeError, "exact"),
-        (lambda: numerics.relative_error(torch.ones(2), torch.ones(2), norm="l1"),
+        (lambda: float_errors.ulp_error(torch.ones(2), None), TypeError, "exact"),
+        (lambda: float_errors.relative_error(torch.ones(2), torch.ones(2), norm="l1"),
          ValueError, "norm"),
-        (lambda: numerics.backward_error(
+        (lambda: float_errors.backward_error(
             torch.ones(1, 1, 1, 1), torch.ones(1, 1, 3, 3), torch.ones(1, 1, 3, 3),
             dtype=torch.int8), ValueError, "dtype"),
-        (lambda: numerics.backward_error(
+        (lambda: float_errors.backward_error(
             torch.ones(1, 1, 1, 1), torch.ones(1, 1, 3, 3), torch.ones(1, 1, 3, 3),
             backend="fastest"), ValueError, "backend"),
-        (lambda: numerics.backward_error(
+        (lambda: float_errors.backward_error(
             torch.ones(1, 1, 1, 1), torch.ones(1, 1, 3, 3), torch.ones(1, 1, 3, 3),
             backend=3), TypeError, "backend"),
-        (lambda: numerics.backward_error(
+        (lambda: float_errors.backward_error(
             torch.ones(1, 1, 1, 1), [[1.0]], torch.ones(1, 1, 3, 3)), TypeError, "input"),
     ],
 )
@@ -185,7 +186,7 @@ def test_bad_arguments_name_the_argument(call, exc: type, word: str) -> None:  #
 
 
 def test_doctor_lines_one_per_dtype() -> None:
-    lines = numerics.doctor_lines((torch.float32,))
+    lines = float_errors.doctor_lines((torch.float32,))
     assert len(lines) == 1
     assert lines[0].startswith("float32: ")
     assert "ulp" in lines[0]
@@ -193,9 +194,9 @@ def test_doctor_lines_one_per_dtype() -> None:
 
 def test_grad_error_nonfinite() -> None:
     exact = torch.tensor([1.0, math.nan], dtype=torch.float64)
-    agree = numerics.grad_error(torch.tensor([1.0, math.nan]), exact, torch.float32)
-    assert agree == numerics.GradError(0.0, 0.0, 0.0, 0.0)
-    differ = numerics.grad_error(torch.tensor([1.0, 2.0]), exact, torch.float32)
+    agree = float_errors.grad_error(torch.tensor([1.0, math.nan]), exact, torch.float32)
+    assert agree == float_errors.GradError(0.0, 0.0, 0.0, 0.0)
+    differ = float_errors.grad_error(torch.tensor([1.0, 2.0]), exact, torch.float32)
     assert differ.rel == differ.ulps == math.inf
 
 
@@ -204,8 +205,8 @@ def test_relative_and_grad_error_hold_at_extreme_magnitudes(scale: float) -> Non
     # Unscaled float64 norms overflow (1e200**2) or underflow (1e-200**2) to inf or 0.
     exact = torch.tensor([3.0, 4.0], dtype=torch.float64)  # norm 5
     actual = torch.tensor([3.0, 4.5], dtype=torch.float64)  # error norm 0.5
-    assert numerics.relative_error(actual * scale, exact * scale) == pytest.approx(0.1)
-    err = numerics.grad_error(actual * scale, exact * scale, torch.float64)
+    assert float_errors.relative_error(actual * scale, exact * scale) == pytest.approx(0.1)
+    err = float_errors.grad_error(actual * scale, exact * scale, torch.float64)
     assert err.rel == pytest.approx(0.1)
     assert err.max_rel == pytest.approx(0.125)
 
@@ -217,7 +218,7 @@ def test_backward_error_float64_at_extreme_magnitudes(scale: float) -> None:
     x = torch.randn(2, 3, 8, 8, dtype=torch.float64)
     w = torch.randn(4, 3, 3, 3, dtype=torch.float64)
     go = torch.randn(2, 4, 6, 6, dtype=torch.float64) * scale
-    errs = numerics.backward_error(go, x, w, dtype=torch.float64)
+    errs = float_errors.backward_error(go, x, w, dtype=torch.float64)
     for err in errs.values():
         assert math.isfinite(err.rel) and err.rel < 1e-13
 
@@ -234,7 +235,7 @@ def test_record_quick_is_consistent_with_this_machine() -> None:
     # Every row of the accuracy table is a backend ATen lets serve that dtype here.
     for row in rec["accuracy"]:
         assert row["dtype"] in ("float32", "bfloat16", "float16")
-        assert set(row["ulps"]) == set(numerics.GRAD_NAMES)
+        assert set(row["ulps"]) == set(float_errors.GRAD_NAMES)
         assert all(v >= 0.0 and math.isfinite(v) for v in row["ulps"].values())
     served = {r["backend"] for r in rec["accuracy"] if r["dtype"] == "bfloat16"}
     assert ("Mkldnn" in served) == routing["mkldnn_bf16_supported"]

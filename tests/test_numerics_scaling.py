@@ -17,7 +17,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convlab.lab import numerics
+from convlab.lab.method import float_errors
 
 F64 = torch.float64
 MAX = Fraction(sys.float_info.max)
@@ -42,7 +42,7 @@ def sqrt_of(x: Fraction) -> float:
 
 
 def exact_ulp(e: float, dtype: torch.dtype) -> Fraction:
-    """``numerics.ulp``'s definition, exactly: the gap above ``|e|`` at its binade, the
+    """``float_errors.ulp``'s definition, exactly: the gap above ``|e|`` at its binade, the
     subnormal spacing below the smallest normal number."""
     info = torch.finfo(dtype)
     lowest = math.frexp(info.tiny)[1]
@@ -53,20 +53,20 @@ def exact_ulp(e: float, dtype: torch.dtype) -> Fraction:
 def test_opposite_values_near_the_top_of_the_range() -> None:
     """The issue's case: the true relative error is 2, where the subtraction gave inf."""
     a, e = t(1.5e308, 1.0), t(-1.5e308, 1.0)
-    assert numerics.relative_error(a, e) == 2.0
-    assert numerics.relative_error(a, e, norm="max") == 2.0
-    err = numerics.grad_error(a, e, F64)
+    assert float_errors.relative_error(a, e) == 2.0
+    assert float_errors.relative_error(a, e, norm="max") == 2.0
+    err = float_errors.grad_error(a, e, F64)
     assert (err.rel, err.max_rel) == (2.0, 2.0)
     want = as_float(2 * Fraction(1.5e308) / exact_ulp(1.5e308, F64))
     assert err.ulps == err.max_ulp == want
-    assert numerics.ulp_error(a, e).tolist() == [want, 0.0]
+    assert float_errors.ulp_error(a, e).tolist() == [want, 0.0]
 
 
 def test_an_error_past_the_float64_range_is_inf_not_nan() -> None:
     a, e = t(1.5e308), t(1e-10)
-    assert numerics.relative_error(a, e) == math.inf
-    assert numerics.grad_error(a, e, F64).max_rel == math.inf
-    assert not math.isnan(numerics.ulp_error(a, e).item())
+    assert float_errors.relative_error(a, e) == math.inf
+    assert float_errors.grad_error(a, e, F64).max_rel == math.inf
+    assert not math.isnan(float_errors.ulp_error(a, e).item())
 
 
 # Magnitudes within 2**±500 of each other, then moved together by up to 2**523: the entries
@@ -93,7 +93,7 @@ def test_relative_error_matches_exact_arithmetic(pair: tuple[list[float], list[f
     a, e = pair
     diff = [Fraction(x) - Fraction(y) for x, y in zip(a, e, strict=True)]
     ref = [Fraction(y) for y in e]
-    got_max = numerics.relative_error(t(*a), t(*e), norm="max")
+    got_max = float_errors.relative_error(t(*a), t(*e), norm="max")
     top = max(abs(d) for d in ref)
     if top == 0:
         assert got_max == (0.0 if not any(diff) else math.inf)
@@ -101,7 +101,7 @@ def test_relative_error_matches_exact_arithmetic(pair: tuple[list[float], list[f
     assert got_max == pytest.approx(as_float(max(abs(d) for d in diff) / top), rel=1e-15)
     squared = sum(d * d for d in diff) / sum(r * r for r in ref)  # exact, then one sqrt
     want = sqrt_of(squared) if squared else 0.0
-    assert numerics.relative_error(t(*a), t(*e)) == pytest.approx(want, rel=1e-14)
+    assert float_errors.relative_error(t(*a), t(*e)) == pytest.approx(want, rel=1e-14)
 
 
 @given(pairs(), st.sampled_from([torch.float64, torch.float32, torch.bfloat16, torch.float16]))
@@ -110,9 +110,9 @@ def test_ulp_error_matches_exact_arithmetic(pair: tuple[list[float], list[float]
     a, e = pair
     want = [as_float(abs(Fraction(x) - Fraction(y)) / exact_ulp(y, dtype))
             for x, y in zip(a, e, strict=True)]
-    got = numerics.ulp_error(t(*a), t(*e), dtype).tolist()
+    got = float_errors.ulp_error(t(*a), t(*e), dtype).tolist()
     assert got == pytest.approx(want, rel=1e-15)
-    err = numerics.grad_error(t(*a), t(*e), dtype)
+    err = float_errors.grad_error(t(*a), t(*e), dtype)
     assert err.max_ulp == pytest.approx(max(want), rel=1e-15)
     top = max(abs(y) for y in e)
     worst = max(abs(Fraction(x) - Fraction(y)) for x, y in zip(a, e, strict=True))
@@ -133,7 +133,8 @@ def test_relative_errors_are_scale_invariant(pair: tuple[list[float], list[float
         k = 0
     scaled_a, scaled_e = t(*(math.ldexp(x, k) for x in a)), t(*(math.ldexp(y, k) for y in e))
     for norm in ("fro", "max"):
-        assert numerics.relative_error(scaled_a, scaled_e, norm) == \
-            numerics.relative_error(t(*a), t(*e), norm)
-    one, two = numerics.grad_error(t(*a), t(*e), F64), numerics.grad_error(scaled_a, scaled_e, F64)
+        assert float_errors.relative_error(scaled_a, scaled_e, norm) == \
+            float_errors.relative_error(t(*a), t(*e), norm)
+    one = float_errors.grad_error(t(*a), t(*e), F64)
+    two = float_errors.grad_error(scaled_a, scaled_e, F64)
     assert (one.rel, one.max_rel) == (two.rel, two.max_rel)

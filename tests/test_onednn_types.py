@@ -61,7 +61,7 @@ def test_bad_caps_are_refused() -> None:
 
 @pytest.mark.skipif(not torch.backends.mkldnn.is_available(), reason="no oneDNN in this torch")
 def test_rule_agrees_with_torch_here() -> None:
-    from convlab.lab.machine import cpu_flags
+    from convlab.lab.method.machine import cpu_flags
 
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA")
     try:

@@ -23,7 +23,7 @@ from torch.func import functional_call, grad, vmap
 
 from convlab import opacus_sampler
 from convlab.aten import extension, fast_per_sample
-from convlab.lab import dpsgd
+from convlab.lab.sections import dpsgd
 
 # Opacus is pinned in requirements.txt with this torch; make compat runs other torch
 # versions, where it may not install (as in tests/test_dpsgd.py): only there the tests

@@ -300,7 +300,8 @@ def test_choose_method_refuses_a_bad_thread_count(threads: object) -> None:
 def test_choose_method_within_its_stated_margin_on_the_committed_sweeps() -> None:
     """The docstring's numbers, recomputed from the records' per_sample_auto sections:
     the scratch rule's route against the fastest of the scratch routes."""
-    from convlab.lab import per_sample_auto, records
+    from convlab.lab.record import records
+    from convlab.lab.sections import per_sample_auto
 
     stated = {"avx512_bf16": (114, 1.23), "avx512": (117, 1.19), "avx2": (112, 1.61),
               "sse41": (119, 1.35)}

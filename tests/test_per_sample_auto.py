@@ -1,4 +1,4 @@
-"""convlab.lab.per_sample_auto: the sweep's record has every route at every point and names
+"""convlab.lab.sections.per_sample_auto: the sweep's record has every route at every point and names
 the auto route's worst point. No assertion on a time."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import math
 import torch
 
 from convlab.aten.fast_per_sample import ROUTES, per_sample_weight_grad
-from convlab.lab import per_sample_auto as psa
+from convlab.lab.sections import per_sample_auto as psa
 from convlab.scratch import per_sample
 
 
@@ -59,7 +59,7 @@ def test_rule_summary_applies_the_current_rule_to_stored_times() -> None:
 
 
 def test_every_peer_gives_convlabs_per_sample_gradients_at_every_layer() -> None:
-    from convlab.lab import per_sample_timing
+    from convlab.lab.sections import per_sample_timing
 
     for cpg in psa.GRID["channels_per_group"]:
         x, size, go, groups = psa.layer(cpg, 3, 3)

@@ -1,4 +1,4 @@
-"""convlab.lab.per_sample_timing: the peers compute the same per-sample gradients, missing
+"""convlab.lab.sections.per_sample_timing: the peers compute the same per-sample gradients, missing
 peers are recorded as skipped, and the verdict/crossover logic. No assertion on a time."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from convlab.lab import per_sample_timing as pst
+from convlab.lab.sections import per_sample_timing as pst
 
 SMALL = (3, 4, 6, 8, 3)  # N, C_in, C_out, size, kernel
 

@@ -1,4 +1,5 @@
-"""convlab.lab.profiling and convlab.aten.capture: process-wide state is serialised and restored.
+"""convlab.lab.method.profiling and convlab.aten.capture: process-wide state is serialised
+and restored.
 
 D11 (overlapping ``redirect_fd`` left stdout on a deleted file), D12 (tracemalloc left running
 when the measured function raised), D13 (two threads in torch's profiler crash the process).
@@ -16,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from convlab.aten import capture
-from convlab.lab import profiling
+from convlab.lab.method import profiling
 
 
 def _fd_target(fd: int) -> tuple[int, int]:

@@ -1,12 +1,12 @@
-"""The sentences about records (convlab.lab.record_sentences) and the chapters' record
-scope (convlab.lab.record_pages), on small fake records."""
+"""The sentences about records (convlab.lab.record.record_sentences) and the chapters' record
+scope (convlab.lab.record.record_pages), on small fake records."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from convlab.lab import record_pages
-from convlab.lab import record_sentences as S
+from convlab.lab.record import record_pages
+from convlab.lab.record import record_sentences as S
 
 
 def rec(machine="M1", isa="avx2", capped=False, **sections):

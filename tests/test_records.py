@@ -1,4 +1,4 @@
-"""convlab.lab.records: the schema of every committed record, the loader, the runner's
+"""convlab.lab.record.records: the schema of every committed record, the loader, the runner's
 bookkeeping (sections run in a fresh process, errors kept per section, merges)."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 from fixtures.cpu_fixtures import fixture_run, intel_fixture, setting
 
-from convlab.lab import isa_settings, machine, record_schema, records
 from convlab.lab.claims import gpu_runs
+from convlab.lab.method import isa_settings, machine
+from convlab.lab.record import record_schema, records, runner
+from convlab.lab.sections import SECTIONS
 
 COMMITTED = sorted(p for p in records.RECORDS_DIR.glob("*.json")
                    if not p.name.endswith(record_schema.MANIFEST_SUFFIX))
@@ -45,7 +47,7 @@ def test_every_committed_record_is_valid(path: Path):
     assert rec.mkl_capped is (rec.mkl_cap["changed"] if "MKL_ENABLE_INSTRUCTIONS" in rec.env
                               else False)
     for name, section in rec.sections.items():
-        assert name in records.SECTIONS
+        assert name in SECTIONS
         assert isinstance(section, dict)
 
 
@@ -187,10 +189,10 @@ def test_merge_keeps_sections_not_rerun():
     old["section_meta"] = {"suite": {"quick": False}, "roofline": {"quick": True}}
     new = _record(suite={"a": 3})
     new["section_meta"] = {"suite": {"quick": False}}
-    merged = records.merge(old, new)
+    merged = runner.merge(old, new)
     assert merged["sections"] == {"suite": {"a": 3}, "roofline": {"b": 2}}
     assert merged["quick"] is True  # a kept section was quick
-    assert records.merge(None, new) is new
+    assert runner.merge(None, new) is new
 
 
 def test_a_record_of_another_cpu_is_not_merged_into(tmp_path):
@@ -200,10 +202,10 @@ def test_a_record_of_another_cpu_is_not_merged_into(tmp_path):
     new = _record(suite={"a": 3})
     new["fingerprint"]["isa_flags"] = [*old["fingerprint"]["isa_flags"], "avx512f"]
     with pytest.raises(ValueError, match="another CPU"):
-        records.merge(old, new)
+        runner.merge(old, new)
     target = tmp_path / "amd-epyc-x2__avx2.json"
     target.write_text(json.dumps(old))
-    path = records._write_merged(target, old, "", new)
+    path = runner._write_merged(target, old, "", new)
     assert path != target and json.loads(target.read_text()) == old
     assert json.loads(path.read_text())["sections"] == {"suite": {"a": 3}}
 
@@ -213,7 +215,7 @@ def test_attach_derived_puts_suite_paths_on_the_roofline():
         "backend": "Mkldnn", "flops": 100, "min_bytes": 50, "gflops": 10.0,
         "gbytes_s": 5.0}}}]}
     roof = {"peak_gflops": {"1": 50.0, "2": 100.0}, "triad_gbytes_s": {"1": 10.0, "2": 20.0}}
-    rec = records.attach_derived(_record(suite=suite, roofline=roof))
+    rec = runner.attach_derived(_record(suite=suite, roofline=roof))
     (row,) = rec["sections"]["roofline"]["fractions"]
     assert row["flops_per_byte"] == 2.0 and row["bound_gflops"] == 40.0  # 2 FLOP/B x 20 GB/s
     assert row["bound_by"] == "memory" and row["of_bound"] == pytest.approx(0.25)
@@ -221,23 +223,23 @@ def test_attach_derived_puts_suite_paths_on_the_roofline():
 
 
 def test_parse_sections():
-    assert records.parse_sections("") == list(records.SECTIONS)
-    assert records.parse_sections("suite roofline,suite") == ["suite", "roofline"]
+    assert runner.parse_sections("") == list(SECTIONS)
+    assert runner.parse_sections("suite roofline,suite") == ["suite", "roofline"]
     with pytest.raises(ValueError, match="unknown 'nope'"):
-        records.parse_sections("nope")
+        runner.parse_sections("nope")
 
 
 def test_run_section_keeps_an_error_as_one_line(monkeypatch):
-    monkeypatch.setitem(records.SECTIONS, "boom", "json:no_such_function")
-    got = records.run_section("boom", quick=True)
+    monkeypatch.setitem(SECTIONS, "boom", "json:no_such_function")
+    got = runner.run_section("boom", quick=True)
     assert set(got) == {"error"} and got["error"].startswith("AttributeError")
     monkeypatch.setattr(records, "_returns_a_list", lambda quick=False: [1], raising=False)
-    monkeypatch.setitem(records.SECTIONS, "list", "convlab.lab.records:_returns_a_list")
-    assert "returned list, not a dict" in records.run_section("list", quick=True)["error"]
+    monkeypatch.setitem(SECTIONS, "list", "convlab.lab.record.records:_returns_a_list")
+    assert "returned list, not a dict" in runner.run_section("list", quick=True)["error"]
 
 
 FAKE_SECTIONS = ("import os, torch\n"
-                 "from convlab.lab import timing\n"
+                 "from convlab.lab.method import timing\n"
                  "def record(quick=False):\n"
                  "    return {'capability': torch.backends.cpu.get_cpu_capability(),\n"
                  "            'cap': os.environ.get('ONEDNN_MAX_CPU_ISA'),\n"
@@ -246,14 +248,14 @@ FAKE_SECTIONS = ("import os, torch\n"
                  "def fails(quick=False):\n"
                  "    raise RuntimeError('broken\\nsecond line')\n")
 # every process of a run (parent and children) swaps in the stand-in sections
-SWAP_SECTIONS = ("from convlab.lab import records\n"
-                 "records.SECTIONS.clear()\n"
-                 "records.SECTIONS.update(fake='fake_section:record', "
+SWAP_SECTIONS = ("from convlab.lab.sections import SECTIONS\n"
+                 "SECTIONS.clear()\n"
+                 "SECTIONS.update(fake='fake_section:record', "
                  "bad='fake_section:fails')\n")
 # ... and, with a CPU fixture, sees that CPU: its flags, and per cap the fingerprint a
 # process under it reports (this machine's fingerprint with the fixture's ATen/oneDNN part)
 SWAP_CPU = ("import json, os\n"
-            "from convlab.lab import machine\n"
+            "from convlab.lab.method import machine\n"
             "_cpu = json.load(open(os.environ['CONVLAB_TEST_CPU']))\n"
             "_real = machine.fingerprint\n"
             "machine.cpu_flags = lambda: set(_cpu['flags'])\n"
@@ -270,7 +272,7 @@ SWAP_CPU = ("import json, os\n"
 
 
 def _run(tmp_path: Path, *args: str, cpu: dict | None = None) -> subprocess.CompletedProcess:
-    """``python -m convlab.lab.records --quick --dir tmp/out ARGS`` with stand-in sections."""
+    """``python -m convlab.lab.record.runner --quick --dir tmp/out ARGS`` with stand-in sections."""
     (tmp_path / "fake_section.py").write_text(FAKE_SECTIONS)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
@@ -281,7 +283,7 @@ def _run(tmp_path: Path, *args: str, cpu: dict | None = None) -> subprocess.Comp
         custom += SWAP_CPU
     (tmp_path / "sitecustomize.py").write_text(custom)
     argv = ["--quick", "--dir", str(tmp_path / "out"), *args]
-    code = f"import sys; from convlab.lab import records; sys.exit(records.main({argv!r}))"
+    code = f"import sys; from convlab.lab.record import runner; sys.exit(runner.main({argv!r}))"
     return subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, check=False, timeout=300)
 
@@ -384,8 +386,8 @@ def test_a_failing_merge_writes_the_new_record_beside(tmp_path, monkeypatch):
     def broken(old, new):
         raise KeyError("sections")
 
-    monkeypatch.setattr(records, "merge", broken)
-    path = records._write_merged(target, old, "", new)
+    monkeypatch.setattr(runner, "merge", broken)
+    path = runner._write_merged(target, old, "", new)
     assert path != target and path.name.startswith(target.name) and path.suffix == ".new"
     assert json.loads(path.read_text())["sections"]["suite"] == {"a": 2}
     assert json.loads(target.read_text()) == old
@@ -394,7 +396,7 @@ def test_a_failing_merge_writes_the_new_record_beside(tmp_path, monkeypatch):
     path.unlink()
     assert records.load_records(tmp_path)[0].sections["suite"] == {"a": 1}
     monkeypatch.undo()
-    assert records._write_merged(target, old, "", new) == target
+    assert runner._write_merged(target, old, "", new) == target
     assert json.loads(target.read_text())["sections"]["suite"] == {"a": 2}
 
 
@@ -407,7 +409,7 @@ def test_records_travel_with_an_installed_package(tmp_path):
     import zipfile
 
     root = Path(__file__).resolve().parents[1]
-    package = Path(records.__file__).resolve().parents[2]
+    package = Path(records.__file__).resolve().parents[3]
     if package != root:  # the tests run against an installed convlab (as `make compat` does)
         assert records.RECORDS_DIR.is_relative_to(package)
         assert records.load_records() and not (root / "convlab").exists()
@@ -433,7 +435,7 @@ def test_records_travel_with_an_installed_package(tmp_path):
     site = tmp_path / "site"
     subprocess.run([*pip, "install", "--no-deps", "--target", str(site), str(wheel)],
                    check=True, timeout=120, capture_output=True)
-    code = ("import json, convlab; from convlab.lab import records; "
+    code = ("import json, convlab; from convlab.lab.record import records; "
             "from convlab.lab.claims import gpu_runs; "
             "print(json.dumps([convlab.__file__, str(records.RECORDS_DIR), "
             "[r.path.name for r in records.load_records()], "
@@ -459,7 +461,7 @@ def test_records_store_claim_outcomes_as_a_section(tmp_path):
     from convlab.lab import claims
     from convlab.lab.claims import core
 
-    module, _, name = records.SECTIONS["claims"].partition(":")
+    module, _, name = SECTIONS["claims"].partition(":")
     fn = getattr(importlib.import_module(module), name)
     assert fn is claims.record_outcomes and "quick" in inspect.signature(fn).parameters
     some = claims.CLAIMS[0]
@@ -482,7 +484,7 @@ def test_records_store_claim_outcomes_as_a_section(tmp_path):
 ])
 def test_stream_arrays_are_four_times_the_last_level_cache(llc, available, elements, over,
                                                           capped):
-    from convlab.lab import roofline
+    from convlab.lab.sections import roofline
 
     got, sizing = roofline.stream_elements(2**24, llc, 4, available)
     assert got == elements
@@ -535,13 +537,13 @@ def test_old_records_time_on_the_wall_clock_and_clocks_are_checked(tmp_path):
 
 
 def test_no_roofline_fractions_for_a_cpu_time_suite():
-    from convlab.lab import roofline
+    from convlab.lab.sections import roofline
 
     suite = {"method": {"threads": 2, "clock": "cpu"}, "layers": []}
     with pytest.raises(ValueError, match="suite: timed on the 'cpu' clock"):
         roofline.fractions(suite, {"peak_gflops": {"1": 1.0}, "triad_gbytes_s": {"1": 1.0}})
     record = {"sections": {"suite": suite, "roofline": {"peak_gflops": {}}}}
-    assert "fractions" not in records.attach_derived(record)["sections"]["roofline"]
+    assert "fractions" not in runner.attach_derived(record)["sections"]["roofline"]
 
 
 def test_a_file_that_is_not_utf8_is_refused_naming_it(tmp_path):

@@ -1,12 +1,14 @@
-"""convlab.lab.reference_speed: its candidates compute ATen's gradients; rows and shares."""
+"""convlab.lab.sections.reference_speed: its candidates compute ATen's gradients; rows and
+shares."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from convlab.lab import paths, reference_speed
-from convlab.lab.timing import Timing
+from convlab.lab import paths
+from convlab.lab.method.timing import Timing
+from convlab.lab.sections import reference_speed
 
 
 @pytest.mark.parametrize("name", reference_speed.QUICK_LAYERS)
@@ -83,7 +85,7 @@ def test_rule_rows_refuse_a_record_without_the_rules_form() -> None:
 
 
 def test_rule_rows_of_the_committed_records() -> None:
-    from convlab.lab import records
+    from convlab.lab.record import records
 
     found = [r for r in records.load_records()
              if "error" not in r.sections.get("reference_speed", {"error": "absent"})]

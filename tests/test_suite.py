@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 
-from convlab.lab import paths, peers, roofline, suite
+from convlab.lab import paths
 from convlab.lab.paths import Layer
+from convlab.lab.sections import peers, roofline, suite
 
 TINY_SUITE = (
     Layer("resnet28", (2, 8, 8, 8), (8, 8, 3, 3), padding=1),

@@ -1,4 +1,4 @@
-"""convlab.lab.timing: the method's bookkeeping and its statistics, on synthetic timings
+"""convlab.lab.method.timing: the method's bookkeeping and its statistics, on synthetic timings
 (never real timings: no test here depends on how fast anything ran)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from convlab.lab import timing
-from convlab.lab.timing import (
+from convlab.lab.method import timing
+from convlab.lab.method.timing import (
     BAND_QUANTILE,
     MIN_ROUNDS,
     Timing,
@@ -248,7 +248,7 @@ def test_blas_threads_reports_what_it_limited():
     pytest.importorskip("threadpoolctl")
     from threadpoolctl import threadpool_info
 
-    from convlab.lab.timing import blas_threads
+    from convlab.lab.method.timing import blas_threads
 
     before = [i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"]
     with blas_threads(1) as text:

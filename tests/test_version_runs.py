@@ -1,4 +1,5 @@
-"""convlab.lab.version_runs: the stored runs of chapters 12 and 13 on other torch versions."""
+"""convlab.lab.record.version_runs: the stored runs of chapters 12 and 13 on other torch
+versions."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from convlab.lab import version_runs
+from convlab.lab.record import version_runs
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("old_torch_runs",

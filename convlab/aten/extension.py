@@ -1,6 +1,7 @@
 """A small C++ extension that calls ATen's convolution backward from C++.
 
-:func:`load` compiles ``convlab/aten/csrc/convlab_ext.cpp`` on first use with
+:func:`load` compiles ``convlab/aten/csrc/*.cpp`` (the registration ``convlab_ext.cpp`` and
+one file per kernel family of convlab's own loops) on first use with
 ``torch.utils.cpp_extension.load`` (ninja), caches the build in ``TORCH_EXTENSIONS_DIR``
 (default: torch's own cache folder) and returns a :class:`NativeExtension` whose methods
 validate their arguments with :class:`~convlab.scratch.params.ConvParams`, then call the C++ ops
@@ -40,7 +41,11 @@ from convlab.scratch.params import (
 )
 
 NAME = "convlab_ext"
-SOURCE = Path(__file__).resolve().parent / "csrc" / "convlab_ext.cpp"
+# The registration (convlab_ext.cpp) and convlab's own CPU loops, one kernel family per file
+# (their shared header, cpu_loops.h, is found beside them; ninja tracks it).
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES: tuple[Path, ...] = tuple(CSRC / name for name in (
+    "convlab_ext.cpp", "depthwise.cpp", "col2im.cpp", "per_sample.cpp"))
 # Without fcntl (Windows) a torch `lock` file older than this is taken as left by a killed build.
 STALE_LOCK_SECONDS = 600.0
 
@@ -58,7 +63,7 @@ class NativeExtension:
     def __init__(self, library: str) -> None:
         self.library = library
         self.ops = torch.ops.convlab_ext
-        self.source = SOURCE
+        self.sources = SOURCES
 
     def convolution_backward(
         self,
@@ -297,7 +302,7 @@ def _build(verbose: bool) -> NativeExtension:
         # path is the one cpp_extension builds: <build_directory>/<name><LIB_EXT>.
         cpp_load(
             NAME,
-            [str(SOURCE)],
+            [str(path) for path in SOURCES],
             build_directory=str(folder),
             is_python_module=False,
             # the depthwise loop: -O3 vectorises it; at::parallel_for splits it over

@@ -24,7 +24,7 @@ tap rows are never a buffer of the whole columns:
   131072 values, each handed to one GEMM (the BLAS's blocking wins there).
 
 The buffers are per thread and come from torch's allocator, so
-:func:`convlab.lab.profiling.measure_memory` counts them; what grows with the batch is
+:func:`convlab.lab.method.profiling.measure_memory` counts them; what grows with the batch is
 the result alone. Every result entry is summed by one thread in a fixed order, so the
 result is the same at any thread count. :func:`choose_method` says where the loop wins
 (few channels per group for oneDNN's block, few samples, one sample with small kernels)
@@ -76,7 +76,7 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
 
     What is left is where oneDNN's JIT kernels win: many samples with wider groups, or
     wide groups beyond 3x3. Fitted on the ``per_sample_auto`` sweeps
-    (:mod:`convlab.lab.per_sample_auto`, every route and the loop timed at every point;
+    (:mod:`convlab.lab.sections.per_sample_auto`, every route and the loop timed at every point;
     its 1x1 layers are pointwise: stride 1, no padding) of the 2-core AMD EPYC (cpuid
     family 25, model 17) at its AVX-512-BF16, AVX-512, AVX2 and SSE4.1 settings. On the
     sweeps stored now (120 points per setting, re-taken after the fit), the route it

@@ -95,8 +95,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     printing (1 with ``--strict`` when a claim does not hold or errs), 2 on a bad
     argument."""
     args = build_parser().parse_args(list(argv) if argv is not None else None)
-    from convlab.lab import claims, machine, records
+    from convlab.lab import claims
     from convlab.lab.claims import core, gpu_runs
+    from convlab.lab.method import machine
+    from convlab.lab.record import records
 
     if args.list:
         return _list(core.select(claims.CLAIMS, args.chapter, args.ids))

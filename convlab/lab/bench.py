@@ -1,7 +1,7 @@
 """Benchmarks: every convolution path side by side (``convlab bench``).
 
 Layers and paths come from :mod:`convlab.lab.paths`; for each layer every (path, pass) that
-applies is timed in one :func:`convlab.lab.timing.interleaved` run (rounds of at least
+applies is timed in one :func:`convlab.lab.method.timing.interleaved` run (rounds of at least
 20 calls per candidate, in a shuffled order per round), so the ratios between paths of a
 layer are per-round ratios of calls that ran side by side.
 
@@ -10,14 +10,15 @@ its *A/A twin* is timed too: the same ATen backend reached by forcing it (``mkld
 ATen picks oneDNN, ``slow`` when it picks an im2col kernel). The two run the same kernel,
 so their per-round ratios, pooled over every pair of the run, give its noise band; a
 difference between paths is called only when the sign test of
-:func:`convlab.lab.timing.verdict_of` puts it outside that band. Results, comparisons and
+:func:`convlab.lab.method.timing.verdict_of` puts it outside that band. Results, comparisons and
 files: :mod:`convlab.lab.bench_report`; the ``suite`` section of the records:
-:mod:`convlab.lab.suite`. NumPy's BLAS gets the same thread count as torch (``threadpoolctl``).
+:mod:`convlab.lab.sections.suite`. NumPy's BLAS gets the same thread count as torch
+(``threadpoolctl``).
 
 Columns besides the time: GFLOP/s (``convlab.lab.paths.FLOP_FORMULA``), GB/s against the
 bytes a pass must move (:func:`convlab.lab.paths.min_bytes`, the honest yardstick of thin
 layers such as depthwise), the ratio to the fastest native path and to a square GEMM of
-equal FLOPs, and two memory measures (:mod:`convlab.lab.profiling`):
+equal FLOPs, and two memory measures (:mod:`convlab.lab.method.profiling`):
 
 * ``mem_alloc_mb``: the peak of torch's allocator above the start during one call (CPU:
   ``torch.profiler`` with ``profile_memory`` plus tracemalloc for NumPy; memory a library
@@ -44,6 +45,8 @@ import torch
 
 from convlab.lab import paths as registry
 from convlab.lab.bench_report import MB, Report, Result, Skip, _fill_ratios
+from convlab.lab.method.profiling import alloc_peak, rss_peak
+from convlab.lab.method.timing import blas_threads, check_run_time, interleaved
 from convlab.lab.paths import (
     FLOP_FORMULA,
     PASSES,
@@ -54,8 +57,6 @@ from convlab.lab.paths import (
     min_bytes,
     suite_layers,
 )
-from convlab.lab.profiling import alloc_peak, rss_peak
-from convlab.lab.timing import blas_threads, check_run_time, interleaved
 
 MEMORY_METHOD = (
     "mem_alloc_mb: peak above the start of torch's allocator during one call (CPU: "
@@ -237,10 +238,10 @@ def benchmark(
     ``paths``/``passes``: subsets of ``PATH_NAMES``/``PASSES`` of :mod:`convlab.lab.paths`
     (``native`` brings its A/A twin); ``device`` defaults to CUDA when available;
     ``threads`` to torch's current count (NumPy's BLAS gets the same). Each layer is one
-    :func:`convlab.lab.timing.interleaved` run of ``rounds`` rounds of at least
+    :func:`convlab.lab.method.timing.interleaved` run of ``rounds`` rounds of at least
     ``min_calls`` calls and ``min_run_time`` seconds per candidate
-    (``convlab.lab.timing.MIN_ROUNDS`` rounds at least for a verdict; ``min_run_time`` at
-    most ``convlab.lab.timing.MAX_RUN_TIME``). ``memory=False`` skips the memory
+    (``convlab.lab.method.timing.MIN_ROUNDS`` rounds at least for a verdict; ``min_run_time`` at
+    most ``convlab.lab.method.timing.MAX_RUN_TIME``). ``memory=False`` skips the memory
     measurements, ``gemm=False`` the GEMM yardstick. Results are appended to
     ``report`` as each layer finishes, so an interrupted run keeps what it finished.
     """

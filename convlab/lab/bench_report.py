@@ -4,8 +4,8 @@
 :class:`Report` holds a run's results, skipped paths and metadata. The A/A pair of a
 (layer, pass) is ``native`` and its forced twin (the same kernel reached two ways); a run's
 noise band pools the per-round ratios of *every* A/A pair of the run
-(:func:`convlab.lab.timing.aa_band`), and a comparison's verdict is the sign test of
-:func:`convlab.lab.timing.verdict_of` against it.
+(:func:`convlab.lab.method.timing.aa_band`), and a comparison's verdict is the sign test of
+:func:`convlab.lab.method.timing.verdict_of` against it.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path as FilePath
 
 from convlab.lab import paths as registry
-from convlab.lab.timing import Ratio, Timing, Verdict, ratio, verdict_of
-from convlab.lab.timing import aa_band as pooled_band
+from convlab.lab.method.timing import Ratio, Timing, Verdict, ratio, verdict_of
+from convlab.lab.method.timing import aa_band as pooled_band
 
 NATIVE_PATHS: tuple[str, ...] = tuple(p.name for p in registry.PATHS if p.is_aten)
 COLUMNS: tuple[str, ...] = (
@@ -142,7 +142,7 @@ def aa_pairs(results: Sequence[Result], pass_: str | None = None) -> list[tuple[
 
 def run_band(results: Sequence[Result], pass_: str | None = None) -> float:
     """The run's noise band: per-round ratios of every A/A pair of the run (of ``pass_``
-    only, if given) pooled into :func:`convlab.lab.timing.aa_band` (NaN without pairs).
+    only, if given) pooled into :func:`convlab.lab.method.timing.aa_band` (NaN without pairs).
 
     One pair's gap is itself a noisy estimate; pooling keeps a lucky 0 % from turning
     noise into a verdict.
@@ -166,7 +166,7 @@ class Comparison:
     @property
     def outcome(self) -> Verdict:
         """The sign test of the per-round ratios against the band
-        (:func:`convlab.lab.timing.verdict_of`)."""
+        (:func:`convlab.lab.method.timing.verdict_of`)."""
         return verdict_of(list(self.ratio.per_round) or [self.ratio.median], self.band)
 
     @property

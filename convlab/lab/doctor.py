@@ -3,7 +3,7 @@
 It prints versions (torch, CUDA, cuDNN, oneDNN), thread counts, the backends
 :func:`convlab.aten.backends.use_backend` can force here, which ATen backend each benchmark layer
 (``convlab.lab.paths.SUITE``) selects, the accuracy of the default backend per dtype (when
-:mod:`convlab.lab.numerics` is present), and then checks every path of
+:mod:`convlab.lab.sections.numerics` is present), and then checks every path of
 ``convlab.lab.paths.PATHS`` on the small layers ``convlab.lab.paths.CASES``, in float64
 where the path has float64 kernels:
 
@@ -31,7 +31,8 @@ import numpy as np
 import torch
 
 from convlab.aten import backends
-from convlab.lab import bench, isa_settings, machine, paths
+from convlab.lab import bench, paths
+from convlab.lab.method import isa_settings, machine
 from convlab.lab.paths import CASES, Layer, NotApplicable
 from convlab.scratch import reference
 
@@ -219,12 +220,13 @@ def checks(device: torch.device, build_extension: bool = False,
 
 
 def accuracy_lines() -> list[str]:
-    """Accuracy of the default backend per dtype (:func:`convlab.lab.numerics.doctor_lines`)."""
+    """Accuracy of the default backend per dtype
+    (:func:`convlab.lab.method.float_errors.doctor_lines`)."""
     try:
-        from convlab.lab import numerics
+        from convlab.lab.method import float_errors
     except ImportError:
-        return ["convlab.lab.numerics is not available"]
-    return numerics.doctor_lines()
+        return ["convlab.lab.method.float_errors is not available"]
+    return float_errors.doctor_lines()
 
 
 def _versions(device: torch.device) -> list[tuple[str, str]]:
@@ -254,7 +256,7 @@ def _versions(device: torch.device) -> list[tuple[str, str]]:
 
 
 def fingerprint_lines() -> list[str]:
-    """:func:`convlab.lab.machine.fingerprint` as short lines: the summary, then details."""
+    """:func:`convlab.lab.method.machine.fingerprint` as short lines: the summary, then details."""
     fp = machine.fingerprint()
     blas = fp["blas"]
     numpy_blas = blas.get("numpy_blas")

@@ -168,9 +168,10 @@ class Table:
 
 
 def short_machine_names(recs: Sequence[Any]) -> dict[str, str]:
-    """``{machine_name: shortest unique name}`` of records (:class:`convlab.lab.records.Record`)
-    for table cells: the vendor alone where the records hold one machine of it (``AMD``),
-    the vendor and the name's parenthesis where that tells its machines apart
+    """``{machine_name: shortest unique name}`` of records
+    (:class:`convlab.lab.record.records.Record`) for table cells: the vendor alone where
+    the records hold one machine of it (``AMD``), the vendor and the name's parenthesis
+    where that tells its machines apart
     (``Intel (L3 480 MiB)``), else the whole names.
 
     The parenthesis (last-level cache, cpuid family and model) is the part of a name that

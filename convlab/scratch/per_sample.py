@@ -153,7 +153,7 @@ def choose_method(n: int, channels_per_group: int, kernel: Sequence[int],
        with 16-wide blocks and ``n >= 32``, else ``im2col``.
     7. Otherwise ``grouped``.
 
-    Fitted on ``per_sample_auto`` sweeps (:mod:`convlab.lab.per_sample_auto`: channels
+    Fitted on ``per_sample_auto`` sweeps (:mod:`convlab.lab.sections.per_sample_auto`: channels
     per group 1, 3, 8, 16, 64; N 1, 8, 64; kernels 1, 3, 5, 7; 1 and 2 threads; 16x16,
     float32) of a 2-core AMD EPYC with 32 MiB of L3 (cpuid family 25, model 17) at its
     AVX-512-BF16, AVX-512, AVX2 and SSE4.1 settings. On the sweeps of those settings

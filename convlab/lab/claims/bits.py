@@ -138,10 +138,10 @@ def check_slow_bits_follow_mkl_path() -> Outcome:
         return cannot("this torch does not use MKL")
     if os_mkl_capped():
         return cannot("MKL_ENABLE_INSTRUCTIONS is already set in this process")
-    from convlab.lab import machine
     from convlab.lab.claims.probe import facts_under
+    from convlab.lab.method import verbose_probes
 
-    path, capped = machine.mkl_probe(), facts_under(MKL_SSE42_ENV)["mkl"]
+    path, capped = verbose_probes.mkl_probe(), facts_under(MKL_SSE42_ENV)["mkl"]
     if path == capped:
         return cannot(f"MKL announced the same code path under MKL_ENABLE_INSTRUCTIONS="
                       f"SSE4_2 ({path!r}): it does not take the cap on this CPU")
@@ -210,7 +210,7 @@ def check_bf16_onednn_half_ulp() -> Outcome:
     error is within 0.5 bf16 ULP of its largest entry (against float64 on the same bf16
     operands)."""
     from convlab.aten.backends import select_backend
-    from convlab.lab.numerics import grad_error
+    from convlab.lab.method.float_errors import grad_error
 
     x, w = randn(*CASE["x"], dtype=torch.bfloat16), randn(*CASE["w"], seed=1,
                                                            dtype=torch.bfloat16)

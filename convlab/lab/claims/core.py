@@ -289,7 +289,7 @@ def stored_status(stored: object) -> str | None:
 def stored_outcomes(record: Any) -> Mapping[str, Any]:
     """The claim outcomes a record stores (its ``claims`` section), or ``{}``.
 
-    ``record`` is a :class:`convlab.lab.records.Record` or its JSON as a mapping."""
+    ``record`` is a :class:`convlab.lab.record.records.Record` or its JSON as a mapping."""
     sections = record.get("sections", {}) if isinstance(record, Mapping) else record.sections
     found = sections.get("claims") or {}
     if not isinstance(found, Mapping) or "error" in found:

@@ -32,8 +32,8 @@ import torch
 
 from convlab.lab.claims.core import STATUSES, WIDTH, fresh, run, select
 from convlab.lab.claims.cuda import CLAIMS as CUDA_CLAIMS
-from convlab.lab.machine import cpu_model
-from convlab.lab.record_schema import load_checked
+from convlab.lab.method.machine import cpu_model
+from convlab.lab.record.record_schema import load_checked
 
 GPU_DIR = (Path(__file__).resolve().parent.parent / "data" / "gpu").resolve()
 SCHEMA = 1

@@ -13,7 +13,7 @@ LAYER = (8, 16, 32, 32, 3)
 
 def per_sample_peaks() -> dict[str, float]:
     """route -> peak MiB allocated by one call of that per-sample route on ``LAYER``."""
-    from convlab.lab.profiling import measure_memory
+    from convlab.lab.method.profiling import measure_memory
 
     n, c_in, c_out, size, k = LAYER
     x, go = randn(n, c_in, size, size), randn(n, c_out, size, size, seed=2)
@@ -49,7 +49,7 @@ def check_loop_memory_is_its_result() -> Outcome:
     import torch
 
     from convlab.aten.fast_per_sample import per_sample_weight_grad as fast
-    from convlab.lab.profiling import measure_memory
+    from convlab.lab.method.profiling import measure_memory
 
     _, c_in, c_out, size, k = LAYER
     small = max(8, torch.get_num_threads())

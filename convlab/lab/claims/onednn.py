@@ -17,7 +17,7 @@ _LANES = {"avx512": 16, "avx2": 8, "avx": 8, "sse41": 4}
 
 def _trace(x_shape: tuple[int, ...], w_shape: tuple[int, ...], channels_last: bool = False
            ) -> list[Any]:
-    from convlab.lab.profiling import onednn_trace
+    from convlab.lab.method.profiling import onednn_trace
 
     x = randn(*x_shape).requires_grad_()
     w = randn(*w_shape, seed=1).requires_grad_()
@@ -114,9 +114,10 @@ def check_channels_last_brgemm() -> Outcome:
 
 def check_record_for_this_impl() -> Outcome:
     """Some committed record ran oneDNN's backward with this machine's implementation."""
-    from convlab.lab import machine, records
+    from convlab.lab.method import verbose_probes
+    from convlab.lab.record import records
 
-    impls = machine._onednn_probe_here().get("implementations") or {}
+    impls = verbose_probes._onednn_probe_here().get("implementations") or {}
     assert isinstance(impls, dict)
     here = impls.get("backward_weights") or impls.get("backward_data")  # as fingerprint()
     if not here:
@@ -129,9 +130,10 @@ def check_record_for_this_impl() -> Outcome:
 
 def check_stream_beyond_llc() -> Outcome:
     """The STREAM arrays the roofline section would use here (sized from sysfs's last-level
-    cache, :func:`convlab.lab.roofline.stream_elements`) each exceed that cache, so triad
+    cache, :func:`convlab.lab.sections.roofline.stream_elements`) each exceed that cache, so triad
     measures DRAM, not a cache."""
-    from convlab.lab import machine, roofline
+    from convlab.lab.method import machine
+    from convlab.lab.sections import roofline
 
     llc = machine.last_level_cache(machine.cache_sizes())
     if llc is None:

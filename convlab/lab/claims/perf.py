@@ -17,7 +17,6 @@ from typing import Any
 import torch
 
 from convlab.aten.backends import use_backend
-from convlab.lab import timing
 from convlab.lab.claims.core import (
     FAILS,
     HOLDS,
@@ -30,6 +29,7 @@ from convlab.lab.claims.core import (
 )
 from convlab.lab.claims.probe import randn
 from convlab.lab.claims.resolve import Judgement, adaptive, faster, judge, within
+from convlab.lab.method import timing
 from convlab.scratch.per_sample import per_sample_weight_grad
 
 GEMM_N = 384
@@ -65,8 +65,8 @@ def check_gemms_within_tens_of_percent() -> Outcome:
     ``[1/1.5, 1.5]`` (outside it: does not hold); not under a binding ISA cap."""
     if not torch.backends.mkldnn.is_available() or not torch.backends.mkl.is_available():
         return cannot("needs both MKL and oneDNN in this torch")
-    from convlab.lab import machine
     from convlab.lab.claims.probe import capped_env
+    from convlab.lab.method import verbose_probes
 
     if capped_env():
         return cannot(f"this process runs under an ISA cap ({capped_env()})")
@@ -81,7 +81,7 @@ def check_gemms_within_tens_of_percent() -> Outcome:
                                                within(GEMMS_CLOSE), GEMMS_CLOSE - 1))
     flops = 2 * GEMM_N**3
     mkl, dnn = flops / t["mm"].median / 1e9, flops / t["dnn"].median / 1e9
-    path = machine.mkl_probe() or "?"
+    path = verbose_probes.mkl_probe() or "?"
     return decided(j.status,
                    f"1 thread, n={GEMM_N}, CPU time: MKL mm {mkl:.0f} GFLOP/s, oneDNN "
                    f"matmul {dnn:.0f}; mm/oneDNN time {j}; within x{GEMMS_CLOSE}? MKL says "
@@ -156,7 +156,7 @@ def check_grouped_gemm_fallback_few_channels() -> Outcome:
     fallback, not a JIT kernel."""
     if not torch.backends.mkldnn.is_available():
         return cannot("oneDNN is not built into this torch")
-    from convlab.lab.profiling import onednn_trace
+    from convlab.lab.method.profiling import onednn_trace
 
     x, go = randn(8, 3, 32, 32), randn(8, 16, 32, 32, seed=2)
     calls = onednn_trace(lambda: per_sample_weight_grad(x, (16, 3, 5, 5), go, 1, 2,
@@ -172,7 +172,7 @@ def check_grouped_gemm_fallback_few_channels() -> Outcome:
 def _grouped_vs_expanded() -> tuple[list[str], list[str]]:
     from torch.nn.utils._per_sample_grad import call_for_per_sample_grads
 
-    from convlab.lab.profiling import onednn_trace
+    from convlab.lab.method.profiling import onednn_trace
 
     n, c_in, c_out, size, k = 8, 16, 32, 32, 3
     x, go = randn(n, c_in, size, size), randn(n, c_out, size, size, seed=2)
@@ -232,14 +232,14 @@ def check_sse41_setting_caps_mkl() -> Outcome:
     """Under the records' SSE4.1 setting MKL's GEMM is slowed as an SSE4.1 machine's
     would be (at least 2x below its rate here, times the A/A gap of two measurements
     here), i.e. the setting caps MKL too; inconclusive where the A/A gap decides."""
-    from convlab.lab import isa_settings, machine
     from convlab.lab.claims.probe import at_level_of, facts_under
+    from convlab.lab.method import isa_settings, machine, verbose_probes
 
     if not torch.backends.mkl.is_available():
         return cannot("this torch does not use MKL")
     setting = next((s for s in isa_settings.ISA_SETTINGS if s.label == "sse41"), None)
     if setting is None:
-        return cannot("no sse41 setting in convlab.lab.isa_settings")
+        return cannot("no sse41 setting in convlab.lab.method.isa_settings")
     same = at_level_of({"MKL_ENABLE_INSTRUCTIONS": setting.mkl})
     if same:
         return cannot(same)
@@ -249,7 +249,7 @@ def check_sse41_setting_caps_mkl() -> Outcome:
     there = facts_under(dict(setting.env))["mkl_gflops"]
     again = mkl_gflops()  # an A/A pair around the child: how much the rate moves here
     here, aa = max(first, again), max(first, again) / min(first, again)
-    path, capped = machine.mkl_probe(), facts_under(dict(setting.env))["mkl"]
+    path, capped = verbose_probes.mkl_probe(), facts_under(dict(setting.env))["mkl"]
     if path == capped:
         return cannot(f"MKL announced the same code path under the sse41 setting ({path!r}):"
                       " it does not take MKL_ENABLE_INSTRUCTIONS on this CPU")

@@ -92,7 +92,7 @@ MKL_LEVELS = ("sse4_2", "avx", "avx2", "avx512", "avx512_e1", "avx512_e2", "avx5
 
 def _rank(name: str, value: str) -> int | None:
     """The level a cap's ``value`` names (higher is wider; None: not one we know)."""
-    from convlab.lab.isa_settings import ONEDNN_ISA_RANK
+    from convlab.lab.method.isa_settings import ONEDNN_ISA_RANK
 
     value = value.strip().lower()
     if name == "ONEDNN_MAX_CPU_ISA":
@@ -103,8 +103,8 @@ def _rank(name: str, value: str) -> int | None:
 
 def cpu_rank(name: str) -> int:
     """The level of cap ``name`` the CPU itself reaches (from its cpuinfo flags)."""
-    from convlab.lab import machine
-    from convlab.lab.isa_settings import available_settings
+    from convlab.lab.method import machine
+    from convlab.lab.method.isa_settings import available_settings
 
     flags = machine.cpu_flags()
     ranks = [0]

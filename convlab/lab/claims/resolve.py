@@ -1,12 +1,12 @@
 """Timed claims under noise: a time ratio judged against the effect its sentence needs,
 with extra rounds while the run cannot tell.
 
-A timed claim compares two candidates of one interleaved run (:mod:`convlab.lab.timing`)
+A timed claim compares two candidates of one interleaved run (:mod:`convlab.lab.method.timing`)
 by their per-round time ratio ``r = x / y``. Its sentence holds where ``r`` lies in one
 region and does not where it lies in another (e.g. "x is slower": ``r`` beyond the A/A
 band's edge ``1 + band``, or not). :func:`judge` decides only where
 
-* the median's order-statistic interval (:func:`convlab.lab.effect.median_ci`) lies
+* the median's order-statistic interval (:func:`convlab.lab.method.effect.median_ci`) lies
   inside one region, and
 * the A/A band is narrower than the effect the sentence turns on (``effect``, a relative
   gap: 0.5 for "within x1.5"), or the interval lies beyond the band at both ends (an
@@ -28,9 +28,9 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from convlab.lab import timing
 from convlab.lab.claims.core import FAILS, HOLDS, INCONCLUSIVE
-from convlab.lab.effect import MedianCI, median_ci
+from convlab.lab.method import timing
+from convlab.lab.method.effect import MedianCI, median_ci
 
 # Intervals of the ratio r = x / y, (low, high); a region is one or more of them.
 Region = tuple[tuple[float, float], ...]

@@ -11,9 +11,9 @@ import torch
 
 from convlab.aten.backends import select_backend
 from convlab.aten.onednn_types import effective_isa, half_types_by_rule
-from convlab.lab import machine
 from convlab.lab.claims.core import Claim, Outcome, cannot, fails, holds, verdict
 from convlab.lab.claims.probe import LOW_ISA_ENV, aten_and_table, child, facts_under, randn
+from convlab.lab.method import machine
 
 _HALF = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 

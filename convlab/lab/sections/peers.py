@@ -1,7 +1,7 @@
 """The ``peers`` section of a measurement record: convlab's full backward against what a
 user would call instead.
 
-On 2-d layers, in one :func:`convlab.lab.timing.interleaved` run per layer: convlab's
+On 2-d layers, in one :func:`convlab.lab.method.timing.interleaved` run per layer: convlab's
 ``reference`` (N-d im2col + batched GEMM in torch ops), ``thnn`` (THNN's conv2d re-created
 in torch ops, the backward reading the forward's saved columns) and ``numpy_ref`` (im2col +
 GEMM in NumPy), against ATen's own im2col path (forced ``slow``, C++), oneDNN (forced
@@ -18,9 +18,9 @@ from typing import Any
 import torch
 
 from convlab.lab import bench, paths
+from convlab.lab.method.timing import aa_band, blas_threads, interleaved, round_ratios, verdict_of
 from convlab.lab.paths import Layer, flops, min_bytes
-from convlab.lab.suite import timing_dict, verdict_dict
-from convlab.lab.timing import aa_band, blas_threads, interleaved, round_ratios, verdict_of
+from convlab.lab.sections.suite import timing_dict, verdict_dict
 
 FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 3, "min_run_time": 0.01}

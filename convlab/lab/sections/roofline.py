@@ -26,9 +26,9 @@ from typing import Any
 
 import torch
 
-from convlab.lab import machine
-from convlab.lab.suite import thread_counts, timing_dict
-from convlab.lab.timing import interleaved
+from convlab.lab.method import machine
+from convlab.lab.method.timing import interleaved
+from convlab.lab.sections.suite import thread_counts, timing_dict
 
 FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05, "gemm_n": 1024, "stream_log2": 24,
         "llc_multiple": 4}

@@ -3,7 +3,7 @@ suite layer's backward passes under the record's ISA setting.
 
 One forced-oneDNN full backward (``convlab.lab.paths`` ``mkldnn``, the call the suite
 times) per layer and memory format, run once under ``ONEDNN_VERBOSE``
-(:func:`convlab.lab.profiling.onednn_trace`); from its log, per pass (``backward_data``
+(:func:`convlab.lab.method.profiling.onednn_trace`); from its log, per pass (``backward_data``
 for ``grad_input``, ``backward_weights`` for ``grad_weight`` and ``grad_bias``) the
 implementation string oneDNN names: ``jit:avx512_core``, ``jit:avx2``, ``jit_dw:...``
 (depthwise), ``brg_conv_bwd:...``/``brgconv_bwd_w:...`` (the BRGEMM kernels, e.g. for
@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from convlab.lab import paths, profiling
+from convlab.lab import paths
+from convlab.lab.method import profiling
 from convlab.lab.paths import Layer, NotApplicable
 
 CONV_OPS = ("convolution", "deconvolution")

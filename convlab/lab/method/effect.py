@@ -1,6 +1,6 @@
 """How big a time ratio is, and how big one a run could have told apart from noise.
 
-:mod:`convlab.lab.timing` gives a verdict (slower, faster, within noise); this module gives
+:mod:`convlab.lab.method.timing` gives a verdict (slower, faster, within noise); this module gives
 the effect size beside it, computed from the per-round times a record stores:
 
 * :func:`median_ci`: the median of the per-round ratios ``x_i / y_i`` with a
@@ -34,7 +34,13 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from convlab.lab.timing import ALPHA, BAND_QUANTILE, band_from_ratios, check_ratios, sign_test
+from convlab.lab.method.timing import (
+    ALPHA,
+    BAND_QUANTILE,
+    band_from_ratios,
+    check_ratios,
+    sign_test,
+)
 
 
 @dataclass(frozen=True)

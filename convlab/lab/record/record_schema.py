@@ -1,7 +1,7 @@
 """The schema of a measurement record and of a machine's manifest (schema 1): what
 :func:`validate` and :func:`validate_manifest` accept, each problem naming its key.
 
-The files themselves are read and written by :mod:`convlab.lab.records`.
+The files themselves are read and written by :mod:`convlab.lab.record.records`.
 
 Record JSON::
 
@@ -31,8 +31,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from convlab.lab import isa_settings, machine
-from convlab.lab.timing import CLOCKS
+from convlab.lab.method import isa_settings, machine
+from convlab.lab.method.timing import CLOCKS
 
 SCHEMA = 1
 REQUIRED: dict[str, type | tuple[type, ...]] = {
@@ -149,7 +149,7 @@ def validate(data: object) -> list[str]:
 
 def _caches_problems(caches: object) -> list[str]:
     """The optional ``fingerprint.caches`` (older records lack it; it names the machine):
-    names as ``convlab.lab.machine.CACHE_NAME`` reads them, positive byte counts."""
+    names as ``convlab.lab.method.machine.CACHE_NAME`` reads them, positive byte counts."""
     if not isinstance(caches, dict):
         return [f"fingerprint.caches must map cache names to positive byte counts, got "
                 f"{type(caches).__name__}"]
@@ -175,7 +175,7 @@ DPSGD_ROW_KEYS: tuple[str, ...] = ("median_s", "min_s", "calls_per_round", "peak
 
 
 def _dpsgd_problems(section: dict[str, Any]) -> list[str]:
-    """The optional ``dpsgd`` section (:func:`convlab.lab.dpsgd.record`): ``runs``, each
+    """The optional ``dpsgd`` section (:func:`convlab.lab.sections.dpsgd.record`): ``runs``, each
     with ``n``, ``threads`` and ``steps``: step name -> its numbers or ``{"skipped": why}``."""
     runs = section.get("runs")
     if not isinstance(runs, list) or not runs:

@@ -6,13 +6,13 @@ ATen routes a bfloat16 (float16) convolution to oneDNN only where
 where the ISA setting allows oneDNN's reduced-precision kernels; elsewhere the dtype is
 stored as not supported, with that reason, and not timed (it would time the slow path).
 
-For a few suite layers, one :func:`convlab.lab.timing.interleaved` run times the forced
+For a few suite layers, one :func:`convlab.lab.method.timing.interleaved` run times the forced
 oneDNN full backward (``convlab.lab.paths`` ``mkldnn``, the suite's call) in float32,
 float32 again (the A/A pair of each layer, pooled into the run's band), and each supported
 reduced dtype. Per layer and dtype the section stores the times, the ratio to float32
 (median over rounds with its order-statistic CI and the smallest ratio the run resolves,
-:mod:`convlab.lab.effect`, and the sign-test verdict), oneDNN's implementation per pass
-(:func:`convlab.lab.impls.conv_impls`) and the accuracy: ``max |g - g64| / max |g64|`` of
+:mod:`convlab.lab.method.effect`, and the sign-test verdict), oneDNN's implementation per pass
+(:func:`convlab.lab.sections.impls.conv_impls`) and the accuracy: ``max |g - g64| / max |g64|`` of
 ``grad_input`` and ``grad_weight``, ``g64`` computed in float64 from the same (rounded)
 inputs, so it is the kernel's own arithmetic error, not the rounding of its inputs.
 
@@ -29,11 +29,12 @@ from typing import Any
 
 import torch
 
-from convlab.lab import effect, paths, profiling
-from convlab.lab.impls import conv_impls
+from convlab.lab import paths
+from convlab.lab.method import effect, profiling
+from convlab.lab.method.timing import aa_band, default_clock, round_ratios, verdict_of
 from convlab.lab.paths import Layer, NotApplicable
-from convlab.lab.suite import run_candidates, timing_dict
-from convlab.lab.timing import aa_band, default_clock, round_ratios, verdict_of
+from convlab.lab.sections.impls import conv_impls
+from convlab.lab.sections.suite import run_candidates, timing_dict
 
 FULL = {"rounds": 6, "min_calls": 5, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 2, "min_run_time": 0.01}

@@ -4,11 +4,11 @@ on a coarse grid of layers (channels per group, batch, kernel, threads), with th
 :func:`~convlab.aten.fast_per_sample.choose_method` picks and its time over the fastest
 route's.
 
-Each grid point is one interleaved run (:func:`convlab.lab.timing.interleaved`) of the
+Each grid point is one interleaved run (:func:`convlab.lab.method.timing.interleaved`) of the
 routes on a 16x16 image, stride 1, ``padding = k // 2``, float32, next to what a user
 would run instead (``torch.func.vmap``, Opacus, BackPACK, ExpandedWeights), with each
 one's peak memory; :func:`against_peers` reads them. :func:`record` is the
-``per_sample_auto`` section of :mod:`convlab.lab.records`.
+``per_sample_auto`` section of :mod:`convlab.lab.record.records`.
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from convlab.aten.fast_per_sample import ROUTES, choose_method, per_sample_weight_grad
-from convlab.lab import per_sample_timing, timing
-from convlab.lab.profiling import measure_memory
+from convlab.lab.method import timing
+from convlab.lab.method.profiling import measure_memory
+from convlab.lab.sections import per_sample_timing
 from convlab.scratch import per_sample
 from convlab.scratch.per_sample import onednn_block
 
@@ -59,7 +60,7 @@ def point(channels_per_group: int, n: int, kernel: int, threads: int,
           quick: bool = False) -> dict[str, object]:
     """One grid point: median seconds per route, the fastest, the auto choice and its
     ratio to the fastest (1.0 when it is the fastest); in the same interleaved run the
-    peers of :func:`convlab.lab.per_sample_timing.peer_routes` (``peers``: seconds, or
+    peers of :func:`convlab.lab.sections.per_sample_timing.peer_routes` (``peers``: seconds, or
     "not installed"), the forward alone (``forward_s``, for ExpandedWeights, which runs
     it too), and the peak MiB allocated by one call of each route and peer
     (``peak_mib``)."""

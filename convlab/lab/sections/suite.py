@@ -1,8 +1,8 @@
 """The ``suite`` section of a measurement record: ATen's backends side by side.
 
-Every measurement is one :func:`convlab.lab.timing.interleaved` run (per-round ratios,
+Every measurement is one :func:`convlab.lab.method.timing.interleaved` run (per-round ratios,
 shuffled order, at least ``min_calls`` calls per round); every verdict is the sign test of
-:func:`convlab.lab.timing.verdict_of` against the A/A band of the main run, pooled over
+:func:`convlab.lab.method.timing.verdict_of` against the A/A band of the main run, pooled over
 every layer's A/A pair (``native`` against its forced twin, the same kernel).
 
 * ``layers``: every layer of ``convlab.lab.paths.SUITE`` (quick: ``QUICK_LAYERS``), the
@@ -27,9 +27,9 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from convlab.lab import bench, bench_report, paths, profiling
-from convlab.lab.paths import Layer, NotApplicable, flops, min_bytes
-from convlab.lab.timing import (
+from convlab.lab import bench, bench_report, paths
+from convlab.lab.method import profiling
+from convlab.lab.method.timing import (
     ALPHA,
     BAND_QUANTILE,
     Timing,
@@ -40,6 +40,7 @@ from convlab.lab.timing import (
     round_ratios,
     verdict_of,
 )
+from convlab.lab.paths import Layer, NotApplicable, flops, min_bytes
 
 FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 2, "min_run_time": 0.01}

@@ -18,10 +18,15 @@ batch size. The steps of ``STEPS``:
   ``nn.Linear`` from Gram matrices, of convolutions from their per-sample gradients);
 * ``"Opacus ghost + convlab"``: ghost clipping with convlab's conv sampler;
 * ``"BackPACK BatchGrad"``: ``extend`` + ``backpack(BatchGrad())``, then clipping, noise and
-  the update written out (BackPACK stops at the per-sample gradients).
+  the update written out (BackPACK stops at the per-sample gradients);
+* ``"convlab book-keeping"``: :class:`convlab.dp_step.BookKeeping`, one backward that
+  computes no weight gradient, each layer's norms by the cheaper method.
 
-:func:`record` is the ``dpsgd`` section of :mod:`convlab.lab.records`: time per step and
-peak memory per step and thread count. Opacus and BackPACK are optional dependencies
+:func:`record` is the ``dpsgd`` section of :mod:`convlab.lab.record.records`: time per step and
+peak memory per step, batch size and thread count, each step's per-round ratios to the
+SGD step and the A/A band of a second SGD step timed beside it; the book-keeping step's
+ratio to SGD is also taken in fresh processes (:func:`process_ratios`), for the spread
+between processes. Opacus and BackPACK are optional dependencies
 (``pip install convlab[dp]``); without them their rows are ``{"skipped": ...}``.
 """
 
@@ -31,24 +36,33 @@ import contextlib
 import copy
 import importlib.metadata
 import importlib.util
+import json
 import re
 import statistics
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import torch
 from torch import nn
 
-from convlab import opacus_sampler
-from convlab.lab import timing
+from convlab import dp_step, opacus_sampler
+from convlab.lab.method import timing
 
-__all__ = ["STEPS", "ResNet8", "compare", "data", "make_step", "missing", "per_sample_grads",
-           "record"]
+__all__ = ["AA", "BATCHES", "STEPS", "TARGET", "ResNet8", "compare", "data", "make_step",
+           "missing", "per_sample_grads", "process_ratios", "record", "target_verdict"]
 
 STEPS: tuple[str, ...] = (
     "SGD (no privacy)", "Opacus hooks", "Opacus hooks + convlab", "Opacus ghost clipping",
-    "Opacus ghost + convlab", "BackPACK BatchGrad",
+    "Opacus ghost + convlab", "BackPACK BatchGrad", "convlab book-keeping",
 )
+#: The second SGD step, timed beside the first as the A/A pair of :func:`compare`.
+AA = "SGD (no privacy) A/A"
+#: The batch sizes of the record.
+BATCHES: tuple[int, ...] = (16, 64, 256)
+#: The cost a private step aims at, as a multiple of the SGD step's time.
+TARGET = 1.3
 NEEDS: dict[str, str] = {"Opacus": "opacus", "BackPACK": "backpack"}
 # The releases whose APIs this module calls (Opacus 1.6: GradSampleHooks and its
 # fast-gradient-clipping twin); an older one installs on an older torch and lacks them.
@@ -174,6 +188,16 @@ def make_step(name: str, model: nn.Module, n: int, sigma: float = 1.0, clip: flo
           "loss_reduction": "mean", "generator": gen}
     if name == "BackPACK BatchGrad":
         return _backpack_step(model, opt, sigma, clip, gen), model, around
+    if name == "convlab book-keeping":
+        dp = dp_step.BookKeeping(model, opt, **kw)
+        loss_bk = nn.CrossEntropyLoss()
+
+        def bk_step(x: torch.Tensor, y: torch.Tensor) -> None:
+            opt.zero_grad(set_to_none=True)
+            dp.backward(loss_bk(model(x), y))
+            opt.step()
+
+        return bk_step, model, around
     if name.startswith("Opacus hooks"):
         from opacus import GradSampleModule
         from opacus.optimizers import DPOptimizer
@@ -228,16 +252,19 @@ def per_sample_grads(name: str, model: nn.Module, x: torch.Tensor, y: torch.Tens
 
 
 def _peak_mb(fn: Callable[[], object], around: Callable[[], Any]) -> float:
-    from convlab.lab.profiling import measure_memory
+    from convlab.lab.method.profiling import measure_memory
 
     with around():
         return measure_memory(fn, "cpu")[0] / 2**20
 
 
-def compare(n: int, threads: int, quick: bool = False) -> dict[str, Any]:
-    """Every step of ``STEPS`` on :class:`ResNet8` at batch ``n``, one interleaved run
-    on ``threads`` threads: median seconds per step, ratio to ``"Opacus hooks"`` (median of
-    per-round ratios) and the peak extra memory of one step (MiB, torch's allocator plus
+def compare(n: int, threads: int, quick: bool = False,
+            steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
+    """Every step of ``steps`` and the SGD A/A twin (:data:`AA`) on :class:`ResNet8` at
+    batch ``n``, one interleaved run on ``threads`` threads (7 rounds; 3 if ``quick``):
+    median seconds per step, ratios to ``"Opacus hooks"`` and to ``"SGD (no privacy)"``
+    (medians of per-round ratios; the latter's per-round values too), the A/A band of the
+    SGD pair, and the peak extra memory of one step (MiB, torch's allocator plus
     Python's)."""
     torch.manual_seed(0)
     model = ResNet8()
@@ -245,22 +272,25 @@ def compare(n: int, threads: int, quick: bool = False) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {}
     fns: dict[str, Callable[[], object]] = {}
     arounds: dict[str, Callable[[], Any]] = {}
-    for name in STEPS:
+    for name in (*steps, AA):
         missing = _missing(name)
         if missing:
             rows[name] = {"skipped": missing}
             continue
-        step, _, around = make_step(name, model, n)
+        step, _, around = make_step(name if name != AA else STEPS[0], model, n)
         fns[name] = lambda step=step: step(x, y)
         arounds[name] = around
         rows[name] = {}
-    t = timing.interleaved(fns, rounds=3 if quick else 5, min_run_time=0.01 if quick
+    t = timing.interleaved(fns, rounds=3 if quick else 7, min_run_time=0.01 if quick
                            else 0.2, threads=threads, around=arounds,
                            min_calls=1 if quick else 3)
-    base = t.get("Opacus hooks")
+    base, sgd = t.get("Opacus hooks"), t[STEPS[0]]
     for name, tt in t.items():
+        per_round = timing.round_ratios(tt, sgd)
         rows[name].update({"median_s": tt.median, "min_s": min(tt.rounds),
-                           "calls_per_round": tt.calls_per_round})
+                           "calls_per_round": tt.calls_per_round,
+                           "ratio_vs_sgd": statistics.median(per_round),
+                           "round_ratios_vs_sgd": per_round})
         if base is not None:
             rows[name]["ratio_vs_opacus"] = statistics.median(timing.round_ratios(tt, base))
     before = torch.get_num_threads()
@@ -270,13 +300,47 @@ def compare(n: int, threads: int, quick: bool = False) -> dict[str, Any]:
             rows[name]["peak_mb"] = _peak_mb(fn, arounds[name])
     finally:
         torch.set_num_threads(before)
-    return {"n": n, "threads": threads, "rounds": len(next(iter(t.values())).rounds)
-            if t else 0, "steps": rows}
+    return {"n": n, "threads": threads, "rounds": len(sgd.rounds),
+            "aa_band": timing.noise_band(t[AA], sgd), "clock": timing.default_clock(),
+            "steps": rows}
+
+
+def target_verdict(ratio: float, band: float, spread: float = 0.0,
+                   target: float = TARGET) -> str:
+    """Whether a step's time ratio to SGD is within ``target``: ``"holds"`` when even
+    ``ratio`` times the larger of the A/A ``band`` and the between-process ``spread``
+    (both fractions) is within it, ``"does not hold"`` when even ``ratio`` divided by it
+    is above, else ``"inconclusive"``."""
+    noise = 1 + max(band, spread)
+    if ratio * noise <= target:
+        return "holds"
+    if ratio / noise > target:
+        return "does not hold"
+    return "inconclusive"
+
+
+def process_ratios(n: int, threads: int, processes: int = 2, quick: bool = False
+                   ) -> list[float]:
+    """The book-keeping step's ratio to SGD (and nothing else) in ``processes`` fresh
+    Python processes, one after the other: the spread between processes."""
+    code = ("import json, sys; from convlab.lab.sections import dpsgd; "
+            f"r = dpsgd.compare({n}, {threads}, quick={quick}, "
+            "steps=(dpsgd.STEPS[0], dpsgd.STEPS[-1])); "
+            "print(json.dumps(r['steps'][dpsgd.STEPS[-1]]['ratio_vs_sgd']))")
+    out = []
+    for _ in range(processes):
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             check=True, timeout=1800)
+        out.append(float(json.loads(run.stdout.strip().splitlines()[-1])))
+    return out
 
 
 def record(quick: bool = False) -> dict[str, Any]:
-    """The ``dpsgd`` record section: :func:`compare` at batch 8 (quick) or 64 on 1 and 2
-    threads, the model's size and the peer packages' versions (None: not installed)."""
+    """The ``dpsgd`` record section: :func:`compare` at every batch of :data:`BATCHES` on
+    1 and 2 threads (quick: batch 8, 1 thread), the book-keeping step's ratio to SGD in
+    two more fresh processes at batch 64 (not when quick) with its verdict on
+    :data:`TARGET`, the model's size and the peer packages' versions (None: not
+    installed)."""
     from importlib.metadata import PackageNotFoundError, version
 
     versions = {}
@@ -286,6 +350,16 @@ def record(quick: bool = False) -> dict[str, Any]:
         except PackageNotFoundError:
             versions[dist] = None
     params = sum(p.numel() for p in ResNet8().parameters())
-    runs = [compare(8, 1, quick=True)] if quick else [compare(64, t) for t in (1, 2)]
+    runs = ([compare(8, 1, quick=True)] if quick else
+            [compare(n, t) for n in BATCHES for t in (1, 2)])
+    for run in runs:
+        bk = run["steps"][STEPS[-1]]
+        others = [] if quick or run["n"] != 64 else process_ratios(run["n"], run["threads"])
+        ratios = [bk["ratio_vs_sgd"], *others]
+        spread = max(ratios) / min(ratios) - 1
+        bk.update({"process_ratios_vs_sgd": ratios, "process_spread": spread,
+                   "target_verdict": target_verdict(bk["ratio_vs_sgd"], run["aa_band"],
+                                                    spread)})
     return {"peers": versions, "model": "ResNet8(width=16), 3x32x32 input",
-            "parameters": params, "sigma": 1.0, "clip": 1.0, "runs": runs}
+            "parameters": params, "sigma": 1.0, "clip": 1.0, "target": TARGET,
+            "runs": runs}

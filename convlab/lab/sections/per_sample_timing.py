@@ -16,7 +16,7 @@ pick instead, timed in one interleaved run, and the grouped-vs-im2col crossover.
 
 Opacus and BackPACK are optional: without them their rows are recorded as
 ``{"skipped": "not installed"}``. :func:`record` is the ``per_sample`` section of
-:mod:`convlab.lab.records`.
+:mod:`convlab.lab.record.records`.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch.func import grad, vmap
 
 from convlab.aten import fast_per_sample
-from convlab.lab import timing
+from convlab.lab.method import timing
 from convlab.scratch.per_sample import per_sample_weight_grad
 
 __all__ = ["LAYER", "compare", "crossover", "peer_routes", "record", "routes", "sweep",
@@ -165,20 +165,21 @@ def _ratios(a: tuple[float, ...], b: tuple[float, ...]) -> list[float]:
 
 def _interleaved(fns: Mapping[str, Callable[[], object]], quick: bool,
                  min_run_time: float = 0.1) -> dict[str, timing.Timing]:
-    """:func:`convlab.lab.timing.interleaved` on one thread (fewer rounds and calls if quick)."""
+    """:func:`convlab.lab.method.timing.interleaved` on one thread (fewer rounds and calls
+    if quick)."""
     if quick:
         return timing.interleaved(fns, rounds=3, min_run_time=0.01, threads=1, min_calls=3)
     return timing.interleaved(fns, rounds=7, min_run_time=min_run_time, threads=1)
 
 
 def verdict(ratios: list[float], band: float) -> dict[str, object]:
-    """:func:`convlab.lab.timing.verdict_of` as JSON: the sign-test verdict and p-value."""
+    """:func:`convlab.lab.method.timing.verdict_of` as JSON: the sign-test verdict and p-value."""
     v = timing.verdict_of(ratios, band)
     return {"verdict": v.verdict, "p_value": v.p_value}
 
 
 def _peak_mb(fn: Callable[[], object]) -> float:
-    from convlab.lab.profiling import measure_memory
+    from convlab.lab.method.profiling import measure_memory
 
     return measure_memory(fn, "cpu")[0] / 2**20
 

@@ -4,8 +4,8 @@ checked to have taken effect.
 Each :class:`IsaSetting` is the environment of a fresh process (``ONEDNN_MAX_CPU_ISA``,
 ``ATEN_CPU_CAPABILITY``, ``MKL_ENABLE_INSTRUCTIONS``). Both oneDNN and ATen fix their
 instruction set at start-up, so each setting runs in its own process
-(:mod:`convlab.lab.records`); :func:`check_setting` then reads, in that process's
-fingerprint (:func:`convlab.lab.machine.fingerprint`), what each cap limits.
+(:mod:`convlab.lab.record.runner`); :func:`check_setting` then reads, in that process's
+fingerprint (:func:`convlab.lab.method.machine.fingerprint`), what each cap limits.
 
 >>> [s.label for s in available_settings({"sse4_1", "avx2", "fma"})]
 ['avx2', 'sse41']
@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from convlab.lab import machine
+from convlab.lab.method import machine
 
 # oneDNN's instruction-set names as its implementation strings spell them (``jit:avx2``,
 # ``jit_bf16:avx512_core_bf16``, ``brg_conv_fwd:avx512_core_amx``), ranked as its

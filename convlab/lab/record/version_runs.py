@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from convlab.lab.record_schema import load_checked
+from convlab.lab.record.record_schema import load_checked
 
-VERSIONS_DIR = (Path(__file__).parent / "data" / "versions").resolve()
+VERSIONS_DIR = (Path(__file__).parents[1] / "data" / "versions").resolve()
 RUNS_FILE = "old_torch_runs.json"
 SCHEMA = 1
 RUN_KEYS = ("date", "machine", "python", "results")

@@ -1,20 +1,20 @@
 """The ``lowp_ours`` section of a measurement record: convlab's own routes in bfloat16 and
 float16 next to oneDNN's, where ATen sends those dtypes to oneDNN.
 
-Two interleaved runs (:func:`convlab.lab.timing.interleaved`), each per reduced dtype that
-:func:`convlab.lab.lowp.support` finds supported, and in float32 for scale:
+Two interleaved runs (:func:`convlab.lab.method.timing.interleaved`), each per reduced dtype that
+:func:`convlab.lab.sections.lowp.support` finds supported, and in float32 for scale:
 
 * ``reference``: on a few suite layers, the full backward of the from-scratch reference
   (:func:`convlab.aten.fast_reference.convolution_backward`; a reduced dtype takes its
   simple form, whose GEMMs are ``torch.matmul`` in that dtype) against the forced oneDNN
   backward in the same dtype;
 * ``per_sample``: every route of :func:`convlab.scratch.per_sample.per_sample_weight_grad`
-  on the layer of :mod:`convlab.lab.per_sample_timing` (its ``LAYER``: N 8, 16 -> 32
+  on the layer of :mod:`convlab.lab.sections.per_sample_timing` (its ``LAYER``: N 8, 16 -> 32
   channels, 32x32, 3x3).
 
 Per row: the median time, its ratio to the float32 row of the same candidate (median of
 per-round ratios), and the accuracy ``max |g - g64| / max |g64|`` against float64 from the
-same rounded inputs (the arithmetic's error, as in :mod:`convlab.lab.lowp`).
+same rounded inputs (the arithmetic's error, as in :mod:`convlab.lab.sections.lowp`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,10 @@ from typing import Any
 import torch
 
 from convlab.aten import fast_reference
-from convlab.lab import lowp, paths, per_sample_timing, timing
+from convlab.lab import paths
+from convlab.lab.method import timing
 from convlab.lab.paths import Layer
+from convlab.lab.sections import lowp, per_sample_timing
 from convlab.scratch.per_sample import ROUTES, per_sample_weight_grad
 
 __all__ = ["record"]

@@ -36,7 +36,7 @@ def appendix_scope() -> Iterator[None]:
 
 def shown(recs: Sequence[Any]) -> list[Any]:
     """The records a chapter's tables show: the reference machine's (every record in
-    :func:`appendix_scope`). ``recs``: :class:`convlab.lab.records.Record` objects."""
+    :func:`appendix_scope`). ``recs``: :class:`convlab.lab.record.records.Record` objects."""
     if _scope["appendix"]:
         return list(recs)
     return [r for r in recs if r.machine == REFERENCE_MACHINE]

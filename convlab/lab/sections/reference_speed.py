@@ -1,7 +1,7 @@
 """The ``reference_speed`` section of a measurement record: convlab's from-scratch backward,
 simple and fast, against ATen's im2col path and oneDNN on every suite layer.
 
-Per layer, one :func:`convlab.lab.timing.interleaved` run of the full backward (all three
+Per layer, one :func:`convlab.lab.method.timing.interleaved` run of the full backward (all three
 gradients) of:
 
 * ``reference``: :func:`convlab.scratch.reference.convolution_backward` (the simple form);
@@ -13,7 +13,7 @@ gradients) of:
 The band pools every layer's A/A pairs. ``profile`` gives, for the ResNet-like layers, the
 share of the backward's self CPU time in ``aten::copy_`` (the column copies) and in all
 data-movement ops (``copy_``, ``fill_``, ``zero_``, ``cat``, ``constant_pad_nd``) for both
-forms, from :func:`convlab.lab.profiling.profile_ops`.
+forms, from :func:`convlab.lab.method.profiling.profile_ops`.
 """
 
 from __future__ import annotations
@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from convlab.aten import fast_reference
-from convlab.lab import paths, profiling
+from convlab.lab import paths
+from convlab.lab.method import profiling
+from convlab.lab.method.timing import Timing, aa_band, interleaved, round_ratios, verdict_of
 from convlab.lab.paths import Layer, flops, min_bytes
-from convlab.lab.suite import FULL_LAYERS, timing_dict, verdict_dict
-from convlab.lab.timing import Timing, aa_band, interleaved, round_ratios, verdict_of
+from convlab.lab.sections.suite import FULL_LAYERS, timing_dict, verdict_dict
 from convlab.scratch import reference
 
 FULL = {"rounds": 6, "min_calls": 5, "min_run_time": 0.05}

@@ -2,7 +2,7 @@
 
 A sentence that quantifies over records ("in every record", "the settings do not cap MKL",
 "fastest") is rendered by one of these functions from the loaded records
-(:func:`convlab.lab.records.load_records`), so it cannot contradict the tables beside it.
+(:func:`convlab.lab.record.records.load_records`), so it cannot contradict the tables beside it.
 Each takes records (objects with ``label``, ``machine_name``, ``isa_name``,
 ``mkl_capped`` and ``sections``) or one section's data, and returns plain text.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from convlab.lab import timing
+from convlab.lab.method import timing
 
 GRADS = ("grad_input", "grad_weight", "grad_bias")
 

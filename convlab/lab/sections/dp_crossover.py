@@ -70,8 +70,9 @@ def layer_point(c_in: int, c_out: int, k: int, size: int, stride: int, n: int = 
 def fit(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """The threshold on ``r`` between the points where ghost is faster (ratio < 1) and
     those where it is slower, and how many points the rule with
-    :data:`convlab.dp_step.GHOST_FACTOR` sends to the faster method. ``separable`` is False when the two sets overlap in
-    ``r`` (then the threshold is that of fewest misplaced points)."""
+    :data:`convlab.dp_step.GHOST_FACTOR` sends to the faster method. ``separable`` is
+    False when the two sets overlap in ``r`` (then the threshold is that of fewest
+    misplaced points)."""
     faster = sorted(p["r"] for p in points if p["ratio"] < 1)
     slower = sorted(p["r"] for p in points if p["ratio"] >= 1)
     candidates = sorted({p["r"] for p in points}) + [math.inf]

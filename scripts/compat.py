@@ -51,8 +51,7 @@ CSV = ROOT / "book" / "data" / "compat.csv"
 FIELDS = ["torch", "python", "chapters run", "tests", "Colab copies outside a checkout",
           "date"]
 # The chapters whose figures are drawn from book/data/records (package data once installed).
-RECORD_CHAPTERS = ("02_from_scratch", "07_backends_performance", "09_beyond",
-                   "10_determinism_accuracy")
+RECORD_CHAPTERS = ("07_backends_performance", "09_beyond", "10_determinism_accuracy")
 # Test tools only: the book build (jupyter-book) and the pinned torch are not installed.
 SKIP_REQUIREMENTS = ("torch", "jupyter-book", "sphinx", "-e", "playwright")
 # Opacus and BackPACK (convlab[dp]) are pinned for the main torch; on another torch they

@@ -3,7 +3,7 @@ the committed records (``book/data/records``), written to ``book/records/<machin
 with ``book/records.md`` listing them.
 
 Chapters 7, 9 and 10 show one reference machine (:mod:`convlab.lab.record.record_pages`); this
-script runs the same ``from-records`` cells of chapters 2, 7, 9 and 10 once per machine,
+script runs the same ``from-records`` cells of chapters 7, 9 and 10 once per machine,
 with :func:`convlab.lab.record.records.load_records` returning only that machine's records and
 :func:`convlab.lab.record.record_pages.appendix_scope` on, and writes what they print and display.
 The rendering code stays in the chapters: nothing here formats a record.
@@ -28,8 +28,7 @@ from typing import Any
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAPTERS = ["02_from_scratch", "07_backends_performance", "09_beyond",
-            "10_determinism_accuracy"]
+CHAPTERS = ["07_backends_performance", "09_beyond", "10_determinism_accuracy"]
 TAG = "from-records"
 INDEX = "records"  # book/records.md; the pages in book/records/
 

@@ -128,6 +128,26 @@ def test_out_limits_are_caught_errors(program: Path) -> None:
     assert "bump_version" in lines["_slow_conv2d_backward_out, undefined grad_weight"]
 
 
+def test_force_slow_guard_switches_and_restores(program: Path) -> None:
+    """``force-slow``: with oneDNN off the float32 backward runs the slow kernel, agrees
+    with the default route, and the guard puts the process-wide flag back (also when an
+    exception leaves its scope): a guard that did not restore would print "off" below."""
+    out = subprocess.run([str(program), "force-slow"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines == [
+        "oneDNN flag before: on",
+        "default backward ran aten::_slow_conv2d_backward: "
+        + ("no" if torch.backends.mkldnn.is_available() else "yes"),
+        "inside the guard, oneDNN flag: off",
+        "forced backward ran aten::_slow_conv2d_backward: yes",
+        "forced vs default, largest difference < 1e-4: match",
+        "oneDNN flag after the guard: on",
+        'caught "thrown inside the guard"; oneDNN flag after the guard: on',
+    ], out.stdout
+
+
 def test_builds_without_cmake(program: Path, direct_builds: dict[str, DirectBuild]) -> None:
     """The one compiler command the book prints builds a program that agrees too."""
     if shutil.which("c++") is None:

@@ -6,7 +6,9 @@
 //   3. at::_slow_conv2d_backward_out: the im2col kernel's op, into caller
 //      buffers.
 // Run with the argument "abort-demo" to make the empty-batch call that aborts,
-// or "out-limits" to print the errors of the out= calls' unsupported uses.
+// "out-limits" to print the errors of the out= calls' unsupported uses, or
+// "force-slow" to run a float32 backward with oneDNN switched off by a guard
+// that restores ATen's process-wide flag (also when an exception leaves it).
 // Builds against libtorch 2.0 and later (C++17 up to 2.11, C++20 from 2.12:
 // CMakeLists.txt picks it). An absent bias_sizes is at::OptionalIntArrayRef{},
 // whose default constructor every version has: std::nullopt does not convert
@@ -32,6 +34,7 @@
 #include <exception>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <vector>
 
 namespace {
@@ -65,6 +68,49 @@ std::unique_ptr<at::ObserverContext> record_op(const at::RecordFunction& fn) {
   return nullptr;
 }
 
+// Runs `call` with the recorder installed; returns the ops that started.
+std::vector<std::string> ops_started_in(const std::function<void()>& call) {
+  recorded_ops.clear();
+  auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(record_op)
+          .scopes({at::RecordScope::FUNCTION}));
+  try {
+    call();
+  } catch (...) {
+    at::removeCallback(handle);
+    throw;
+  }
+  at::removeCallback(handle);
+  return recorded_ops;
+}
+
+bool contains(const std::vector<std::string>& names, const char* name) {
+  return std::find(names.begin(), names.end(), name) != names.end();
+}
+
+const char* on_off(bool flag) {
+  return flag ? "on" : "off";
+}
+
+// Sets ATen's oneDNN flag (torch.backends.mkldnn.enabled) for the guard's
+// lifetime, and puts back the value it found when the scope ends, by return
+// or by exception. The flag is a plain bool of the one process-wide
+// at::Context, not thread-local: every thread's convolutions see it while
+// the guard lives.
+class MkldnnFlagGuard {
+ public:
+  explicit MkldnnFlagGuard(bool enabled)
+      : saved_(at::globalContext().userEnabledMkldnn()) {
+    at::globalContext().setUserEnabledMkldnn(enabled);
+  }
+  ~MkldnnFlagGuard() { at::globalContext().setUserEnabledMkldnn(saved_); }
+  MkldnnFlagGuard(const MkldnnFlagGuard&) = delete;
+  MkldnnFlagGuard& operator=(const MkldnnFlagGuard&) = delete;
+
+ private:
+  bool saved_;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -91,6 +137,60 @@ int main(int argc, char** argv) {
     }
     std::puts("returned normally");
     return 0;
+  }
+
+  if (argc > 1 && std::string(argv[1]) == "force-slow") {
+    // float32, which oneDNN serves on the CPU (float64 always runs the slow
+    // kernel). The backend is selected inside at::convolution_backward, from
+    // the flags as they are when it runs; the recorder shows which kernel ran.
+    const auto f32 = at::TensorOptions().dtype(at::kFloat);
+    auto x = at::randn({2, 3, 8, 8}, f32), w = at::randn({4, 3, 3, 3}, f32);
+    auto go = at::randn({2, 4, 8, 8}, f32);
+    const std::array<int64_t, 1> bias_sizes{4};
+    std::tuple<at::Tensor, at::Tensor, at::Tensor> grads;
+    auto backward = [&] {
+      grads = at::convolution_backward(go, x, w, bias_sizes, stride, padding,
+                                       dilation, false, output_padding, 1,
+                                       mask);
+    };
+    const char* slow = "aten::_slow_conv2d_backward";
+    const bool before = at::globalContext().userEnabledMkldnn();
+    std::printf("oneDNN flag before: %s\n", on_off(before));
+    const bool default_slow = contains(ops_started_in(backward), slow);
+    std::printf("default backward ran %s: %s\n", slow,
+                default_slow ? "yes" : "no");
+    const auto [gi, gw, gb] = grads;
+    bool forced_slow = false;
+    {
+      MkldnnFlagGuard no_onednn(false);
+      std::printf("inside the guard, oneDNN flag: %s\n",
+                  on_off(at::globalContext().userEnabledMkldnn()));
+      forced_slow = contains(ops_started_in(backward), slow);
+    }
+    const bool after = at::globalContext().userEnabledMkldnn();
+    std::printf("forced backward ran %s: %s\n", slow,
+                forced_slow ? "yes" : "no");
+    const auto& [gi_s, gw_s, gb_s] = grads;
+    const double d = std::max(
+        {max_diff(gi, gi_s), max_diff(gw, gw_s), max_diff(gb, gb_s)});
+    // The two kernels sum in different orders: equal up to float32 rounding.
+    const bool close = d < 1e-4;
+    std::printf("forced vs default, largest difference < 1e-4: %s\n",
+                close ? "match" : "MISMATCH");
+    std::printf("oneDNN flag after the guard: %s\n", on_off(after));
+    try {
+      MkldnnFlagGuard no_onednn(false);
+      TORCH_CHECK(false, "thrown inside the guard");
+    } catch (const c10::Error& err) {
+      const std::string what = err.what_without_backtrace();
+      std::printf("caught \"%s\"; oneDNN flag after the guard: %s\n",
+                  what.substr(0, what.find('\n')).c_str(),
+                  on_off(at::globalContext().userEnabledMkldnn()));
+    }
+    const bool restored =
+        after == before && at::globalContext().userEnabledMkldnn() == before;
+    const bool changed = forced_slow && !default_slow;
+    return close && restored && (changed || !at::hasMKLDNN()) ? 0 : 1;
   }
 
   auto x = at::randn({2, 3, 8, 8}, opts);
@@ -140,20 +240,17 @@ int main(int argc, char** argv) {
   auto gi2 = at::empty(x.sizes(), opts), gw2 = at::empty(w.sizes(), opts);
   auto gb2 = at::empty({4}, opts);
   const void* before = gi2.data_ptr();
-  auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback(record_op)
-          .scopes({at::RecordScope::FUNCTION}));
-  at::convolution_backward_out(gi2, gw2, gb2, go, x, w, bias_sizes, stride,
-                               padding, dilation, false, output_padding, 1,
-                               mask);
-  at::removeCallback(handle);
+  const auto ops = ops_started_in([&] {
+    at::convolution_backward_out(gi2, gw2, gb2, go, x, w, bias_sizes, stride,
+                                 padding, dilation, false, output_padding, 1,
+                                 mask);
+  });
   // The generated out= kernel calls the functional op, then copies into our
   // tensors.
-  auto first = [](const char* name) {
-    auto found = std::find(recorded_ops.begin(), recorded_ops.end(), name);
-    return found - recorded_ops.begin();
+  auto first = [&ops](const char* name) {
+    return std::find(ops.begin(), ops.end(), name) - ops.begin();
   };
-  const auto n_ops = static_cast<long>(recorded_ops.size());
+  const auto n_ops = static_cast<long>(ops.size());
   const long compute = first("aten::convolution_backward");
   const long copy = first("aten::copy_");
   std::printf("inside convolution_backward_out: aten::convolution_backward, "

@@ -7,8 +7,9 @@ needed). The print stylesheet (``_ext/static/book.css``) wraps long code lines i
 cutting them, leaves out the web controls ("Show code cell source" toggles, buttons) and
 keeps each figure on one page with its caption. Folded content prints open; each chapter's
 exercise solutions print at the chapter's end (``SOLUTIONS_JS``). The API
-reference is left out of the reader's PDF (it was 35 % of the pages): one paragraph points
-to it on the site, and links into it go there (``--with-api`` keeps it, after the chapters).
+reference and the Records appendix are left out of the reader's PDF (``ONLINE_ONLY``): one
+paragraph points to each on the site, and links into them go there (``--with-appendices``
+keeps them, after the chapters).
 Each chapter opens a page; the outline (bookmarks) has the book's title, the chapters and
 the appendices at its top level; no link points to the print server or a local file (a
 figure's link to its own image goes, a page of the book becomes its anchor, other files of
@@ -35,27 +36,38 @@ ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
 OUT = ROOT / "_build" / "pdf" / "book.pdf"
 CONFIG = ROOT / "_config.yml"
-# The singlehtml marker of the API reference's first page (``_toc.yml``: book/api).
-API_DOC = "book/api"
+# The parts of the book that stay on the site (``_toc.yml`` docs, with their sub-pages):
+# the singlehtml marker of each first page, the title its one-paragraph note keeps in the
+# outline, and what the note says is there. The API reference was 35 % of the pages and
+# the Records appendix (every record's every table) about 130 more.
+ONLINE_ONLY = (
+    ("book/api", "API reference",
+     "The API reference of convlab (every module, function and class)"),
+    ("book/records", "Records",
+     "Every measurement record (a page per machine, every section of each record)"),
+)
 # Texts of web controls that must not print.
 WEB_CONTROLS = ("Show code cell", "Hide code cell", "Hide the solution", "Copy to clipboard")
 # Runs in the page before printing: folded content opens (sphinx-togglebutton's admonitions
-# and <details>); the API reference goes, its links pointing to the site; links to anchors
-# of this document become links inside the PDF.
+# and <details>); each online-only part goes, a note with its title and its address taking
+# its place and its links pointing to the site; links to anchors of this document become
+# links inside the PDF.
 PREPARE_JS = """
-([apiDoc, site, dropApi, rootPage]) => {
+([parts, site, rootPage]) => {
   document.querySelectorAll('details').forEach(d => { d.open = true; });
   document.querySelectorAll('.toggle-hidden').forEach(e => e.classList.remove('toggle-hidden'));
   const moved = new Map();
-  let removed = 0;
-  const start = document.getElementById('document-' + apiDoc);
-  if (dropApi && start) {
+  const removed = {};
+  for (const [first, title, what] of parts) {
+    const start = document.getElementById('document-' + first);
+    if (!start) { removed[first] = 0; continue; }
     const block = [start];
     for (let n = start.nextElementSibling; n; n = n.nextElementSibling) {
-      if (n.matches('span[id^="document-"]') && !n.id.startsWith('document-' + apiDoc)) break;
+      if (n.matches('span[id^="document-"]') && n.id !== 'document-' + first
+          && !n.id.startsWith('document-' + first + '/')) break;
       block.push(n);
     }
-    let doc = apiDoc;
+    let doc = first;
     for (const root of block) {
       for (const e of [root, ...root.querySelectorAll('[id]')]) {
         if (e.id.startsWith('document-')) doc = e.id.slice('document-'.length);
@@ -64,14 +76,19 @@ PREPARE_JS = """
       }
     }
     const note = document.createElement('section');
-    note.id = 'api-reference-online';
+    note.id = first.replace(/\\W/g, '-') + '-online';
+    note.className = 'online-only';
     // An h2 (the theme hides the first h1 of a section in print), at the outline's top.
-    note.innerHTML = '<h2 aria-level="1">API reference</h2><p>The API reference of convlab '
-      + '(every module, function and class) is on the web site: '
-      + '<a href="' + site + apiDoc + '.html">' + site + apiDoc + '.html</a>.</p>';
-    start.before(note);
+    note.innerHTML = '<h2 aria-level="1">' + title + '</h2><p>' + what
+      + ' is on the web site: <a href="' + site + first + '.html">' + site + first
+      + '.html</a>.</p>';
+    // A marker of its own, so the chapter before it ends there (its solutions, the
+    // page break of book.css) and no link to the part finds it.
+    const marker = document.createElement('span');
+    marker.id = 'document-online/' + first;
+    start.before(marker, note);
     block.forEach(n => n.remove());
-    removed = block.length;
+    removed[first] = block.length;
   }
   let retargeted = 0;
   for (const a of document.querySelectorAll('a[href]')) {
@@ -311,7 +328,7 @@ def site_url() -> str:
     return yaml.safe_load(CONFIG.read_text())["html"]["baseurl"].rstrip("/") + "/"
 
 
-def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> dict:
+def print_pdf(url: str, out: Path, single: Path, with_appendices: bool = False) -> dict:
     """Print the single page to ``out``; refuses web controls that would print, code cut
     at the page edge and figure text under MIN_FIGURE_PT. Returns what was measured: the
     links rewritten, each SVG figure's smallest text in pt, and the titles the outline
@@ -334,12 +351,13 @@ def print_pdf(url: str, out: Path, single: Path, with_api: bool = False) -> dict
                     timeout=60_000,
                 )
                 page.evaluate("() => MathJax.startup.promise")
-            done = page.evaluate(PREPARE_JS, [API_DOC, site_url(), not with_api,
-                                              root_page(single)])
+            parts = [] if with_appendices else [list(p) for p in ONLINE_ONLY]
+            done = page.evaluate(PREPARE_JS, [parts, site_url(), root_page(single)])
             page.evaluate(SOLUTIONS_JS)
             done["top_level"] = page.evaluate(OUTLINE_JS)
-            if not with_api and not done["removed"]:
-                raise SystemExit(f"no #document-{API_DOC} in the single page: API not found")
+            missing = [doc for doc, count in done["removed"].items() if not count]
+            if missing:
+                raise SystemExit(f"not in the single page: {', '.join(missing)} (_toc.yml)")
             page.emulate_media(media="print")
             shown = page.evaluate(CONTROLS_JS, list(WEB_CONTROLS))
             if shown:
@@ -461,8 +479,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-build", action="store_true",
                         help="print the existing _build/singlehtml")
     parser.add_argument("--out", type=Path, default=OUT)
-    parser.add_argument("--with-api", action="store_true",
-                        help="keep the API reference (after the chapters)")
+    parser.add_argument("--with-appendices", action="store_true",
+                        help="keep the API reference and the Records appendix")
     parser.add_argument("--path-output", type=Path, default=ROOT,
                         help="build under this folder's _build/ (default: the book's)")
     args = parser.parse_args(argv)
@@ -474,7 +492,7 @@ def main(argv: list[str] | None = None) -> int:
     start = time.perf_counter()
     server, url = serve(single)
     try:
-        done = print_pdf(url, args.out, single, with_api=args.with_api)
+        done = print_pdf(url, args.out, single, with_appendices=args.with_appendices)
     finally:
         server.shutdown()
         server.server_close()

@@ -28,7 +28,9 @@ setuptools), and the TEST files (default: all of tests/) run in the copy, so a t
 reads the checkout's ``convlab/`` folder fails there; ``--rehearse`` adds step 6.
 
 Exit status 0 only if every chapter ran, no test failed and the C++ program agreed. With
-``--record`` the result becomes one row of book/data/compat.csv (the intro's "Tested with" table).
+``--record`` the result becomes one row of book/data/compat.csv (the intro's "Tested with" table),
+naming the commit it ran at (refused with uncommitted changes); the intro says, computed
+from git when the book is built, what changed since (``_ext/book_compat.py``).
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 CSV = ROOT / "book" / "data" / "compat.csv"
 FIELDS = ["torch", "python", "chapters run", "tests", "Colab copies outside a checkout",
-          "date"]
+          "date", "commit"]
 # The chapters whose figures are drawn from book/data/records (package data once installed).
 RECORD_CHAPTERS = ("07_backends_performance", "09_beyond", "10_determinism_accuracy")
 # Test tools only: the book build (jupyter-book) and the pinned torch are not installed.
@@ -219,6 +221,22 @@ def summary(pytest_output: str) -> str:
     return ", ".join(f"{n} {what}" for n, what in counts)
 
 
+def clean_commit() -> tuple[str, str]:
+    """The checkout's commit (short hash) and, if the row could not name it, why: tracked
+    files changed and not committed (the compat table itself aside)."""
+    head = subprocess.run(["git", "rev-parse", "--short=7", "HEAD"], cwd=ROOT,
+                          capture_output=True, text=True, check=False)
+    if head.returncode:
+        return "", f"not a git checkout ({head.stderr.strip()})"
+    changed = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                             cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    dirty = [line[3:] for line in changed.splitlines()
+             if line[3:] != str(CSV.relative_to(ROOT))]
+    if dirty:
+        return "", f"commit first; changed: {', '.join(dirty[:5])}"
+    return head.stdout.strip(), ""
+
+
 def record(row: dict[str, str]) -> None:
     """Replace the row for ``row['torch']`` in book/data/compat.csv (sorted by version)."""
     rows = []
@@ -304,6 +322,12 @@ def main(argv: list[str] | None = None) -> int:
     if not re.fullmatch(r"\d+\.\d+(\.\d+)?", args.torch):
         parser.error(f"--torch must be a version like 2.9.1, got {args.torch!r}")
 
+    commit = ""
+    if args.record:
+        commit, problem = clean_commit()
+        if problem:
+            parser.error(f"--record names the commit the row ran at: {problem}")
+
     work = ROOT / ".cache" / "compat" / f"torch-{args.torch}"
     venv, repo, log = work / "venv", work / "repo", work / "log.txt"
     shutil.rmtree(repo, ignore_errors=True)
@@ -376,7 +400,7 @@ def main(argv: list[str] | None = None) -> int:
         record({"torch": version[0].split("+")[0], "python": version[1],
                 "chapters run": f"{ok} of {total}", "tests": counts,
                 "Colab copies outside a checkout": colab,
-                "date": f"{dt.date.today():%Y-%m-%d}"})
+                "date": f"{dt.date.today():%Y-%m-%d}", "commit": commit})
     if not args.keep:
         shutil.rmtree(work / "repo", ignore_errors=True)
     return 0 if passed else 1

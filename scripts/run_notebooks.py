@@ -1,6 +1,11 @@
 """Re-execute notebooks in place with the current interpreter's kernel (nbclient).
 
 Usage: python scripts/run_notebooks.py [book/x.ipynb ...]   (default: every notebook in _toc.yml)
+
+The machine the kernel ran on (:func:`convlab.lab.method.machine.identity_line`, asked in
+that kernel after the last cell) is stored in the notebook's metadata as
+``convlab.ran_on``; the book prints it under every stored output that depends on the
+machine (``_ext/book_ran_on.py``).
 """
 
 from __future__ import annotations
@@ -15,9 +20,14 @@ from nbclient import NotebookClient
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from toc_notebooks import toc_notebooks  # noqa: E402
 
+# Run in the notebook's kernel after its last cell, then removed: the machine it ran on.
+PROBE = ("from convlab.lab.method import machine as _m\n"
+         "print(_m.identity_line(_m.fingerprint()))")
+
 
 def execute(path: Path, timeout: int = 900) -> float:
-    """Execute one notebook in its own folder and write it back; return seconds taken."""
+    """Execute one notebook in its own folder, store the machine it ran on in its metadata
+    and write it back; return seconds taken."""
     nb = nbformat.read(path, as_version=4)
     nb.metadata["kernelspec"] = {
         "name": "python3", "display_name": "Python 3", "language": "python"
@@ -25,7 +35,13 @@ def execute(path: Path, timeout: int = 900) -> float:
     start = time.perf_counter()
     resources = {"metadata": {"path": str(path.parent)}}
     client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources=resources)
+    nb.cells.append(nbformat.v4.new_code_cell(PROBE))
     client.execute()
+    probe = nb.cells.pop()
+    text = "".join(o.get("text", "") for o in probe.outputs if o.get("name") == "stdout")
+    if not text.strip():
+        raise SystemExit(f"{path}: the machine probe printed nothing: {probe.outputs}")
+    nb.metadata.setdefault("convlab", {})["ran_on"] = text.strip()
     keep_metadata_edited_meanwhile(nb, nbformat.read(path, as_version=4), path)
     nbformat.write(nb, path)
     return time.perf_counter() - start

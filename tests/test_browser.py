@@ -358,6 +358,10 @@ async () => {
     signatures: document.querySelectorAll('dt.sig').length,
     ids: [...document.querySelectorAll('[id], a[name]')].map(e => e.id || e.name),
     docWidth: document.documentElement.scrollWidth,
+    // How long the article and its tallest table are, in px at this width.
+    articleHeight: article ? article.scrollHeight : 0,
+    tallestTable: Math.max(0, ...[...document.querySelectorAll('.bd-article table')]
+      .filter(t => !t.closest('dl.py')).map(t => t.getBoundingClientRect().height)),
     viewWidth: window.innerWidth,
     wide: wide,
     figures: figures,
@@ -1730,3 +1734,25 @@ def test_copy_button_copies_code_without_prompts(site: str, browser: object, wid
     assert copied.strip(), "the copy button copied nothing"
     bad = [line for line in copied.splitlines() if re.match(r"\s*(>>>|\.\.\.)( |$)", line)]
     assert not bad, f"{page}: copied prompts: {bad[:3]}"
+
+
+# A phone screen (the 390 x 844 viewport) and the longest a chapter and one table may be.
+PHONE_SCREEN = VIEWPORTS[PHONE]["height"]
+MAX_CHAPTER_SCREENS, MAX_TABLE_SCREENS = 80, 10
+
+
+def test_chapters_and_tables_fit_a_phone_reader(visits: dict) -> None:
+    """At 390 px no chapter is longer than 80 screens and no table longer than 10: the
+    records' tables live in the Records appendix; a chapter shows verdicts."""
+    problems = []
+    for v in at(visits, PHONE):
+        if v.page.removesuffix(".html") not in chapters():
+            continue
+        page = v.data["articleHeight"] / PHONE_SCREEN
+        table = v.data["tallestTable"] / PHONE_SCREEN
+        if page > MAX_CHAPTER_SCREENS:
+            problems.append(f"{v.page}: {page:.0f} screens (at most {MAX_CHAPTER_SCREENS})")
+        if table > MAX_TABLE_SCREENS:
+            problems.append(f"{v.page}: a table of {table:.1f} screens "
+                            f"(at most {MAX_TABLE_SCREENS})")
+    assert not problems, report(problems)

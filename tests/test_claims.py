@@ -230,7 +230,9 @@ def test_matrix_from_stored_outcomes(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(claims, "CLAIMS", table)
     recs = [
         _record("CPU A", "avx2", {"ch7_a": {"status": core.HOLDS},
-                                  "ch7_b": {"status": core.FAILS}}),
+                                  "ch7_b": {"status": core.FAILS},
+                                  # a claim since removed from the registry: skipped
+                                  "ch7_removed": {"status": core.HOLDS}}),
         _record("CPU B", "sse41", {"ch7_a": {"status": core.CANNOT}}),
         _record("CPU C", "avx512", None),
         _record("CPU D", "avx512", {"error": "RuntimeError: x"}),

@@ -230,38 +230,40 @@ def check_bf16_onednn_half_ulp() -> Outcome:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch10_slow_bits_across_threads", 10,
-          "On a long GEMM (a 3 -> 16 stem at 224 x 224) the slow path's grad_weight "
-          "changes with the thread count: MKL splits the GEMM across threads.",
+          "On a 3 -> 16 stem at 224 x 224, the slow path's grad_weight changes bits between "
+          "1, 2 and 4 threads.",
           "the BLAS's threading: a threaded MKL may split a long GEMM over threads",
           check_slow_bits_across_threads),
     Claim("ch10_onednn_input_keeps_bits_across_threads", 10,
-          "Where bits change with the thread count, it is oneDNN's grad_weight or "
-          "grad_bias; its grad_input keeps them.",
+          "oneDNN's grad_input therefore keeps its bits when the thread count changes.",
           "oneDNN's parallel split for this ISA", check_onednn_input_keeps_bits_across_threads),
     Claim("ch10_kernels_repeat_bits", 10,
-          "The CPU backends sum in the same order on every call at a given thread count "
-          "and ISA.",
+          "oneDNN and the slow path return identical bits on a second call at the same "
+          "thread count.",
           "no atomics in the CPU kernels", check_kernels_repeat_bits),
     Claim("ch10_deterministic_mode_no_effect_cpu", 10,
-          "torch.use_deterministic_algorithms(True) changes nothing for a CPU conv.",
+          "torch.use_deterministic_algorithms(True) changes no bit of the gradients of "
+          "oneDNN or the slow path.",
           "CPU backends (on CUDA it restricts cuDNN's algorithms)",
           check_deterministic_mode_no_effect),
     Claim("ch10_block_changes_grad_input", 10,
-          "The channel block changes the order of grad_input's sum over output channels, "
-          "hence its last bits.",
+          "oneDNN's kernel walks grad_input's sum over output channels block by block, so a "
+          "32-channel 3x3 layer's grad_input changes its last bits between the 16-channel "
+          "block of AVX-512 and the 8-channel block of AVX2.",
           "a CPU above AVX2 (block 16 here vs 8 under the AVX2 cap)",
           check_block_changes_grad_input),
     Claim("ch10_slow_bits_same_across_isa", 10,
-          "The slow path's gradients are the same on every ISA setting of a machine.",
+          "Within one machine, capping oneDNN and ATen at SSE4.1 leaves the slow path's "
+          "gradients bit for bit the same, since those caps do not touch MKL.",
           "MKL's code path, which ONEDNN_MAX_CPU_ISA does not cap; a process above the "
           "SSE4.1 setting's level (at it, the setting would be compared with itself)",
           check_slow_bits_same_across_isa),
     Claim("ch10_slow_bits_follow_mkl_path", 10,
-          "The slow path's error follows the BLAS's code path: capping MKL changes its "
-          "grad_weight bits.",
+          "Where MKL takes the cap, capping it at SSE4.2 (MKL_ENABLE_INSTRUCTIONS=SSE4_2) "
+          "changes the bits of the slow path's grad_weight.",
           "MKL's code path above SSE4.2 on this CPU", check_slow_bits_follow_mkl_path),
     Claim("ch10_bf16_onednn_half_ulp", 10,
-          "Where oneDNN takes bfloat16 it accumulates in float32 across the whole "
-          "reduction and rounds once at the end (within 0.5 ULP of the largest entry).",
+          "In bfloat16, oneDNN's largest error in each gradient is then at most 0.5 ULP of "
+          "that gradient's largest entry, the cost of one rounding.",
           "ideep's bf16 rule (AVX-512, or AVX2 with AVX-NE-CONVERT)", check_bf16_onednn_half_ulp),
 )

@@ -219,35 +219,40 @@ def check_cudnn_ignores_output_padding() -> Outcome:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch3_cuda_cudnn_replaces_onednn", 3,
-          "With a CUDA device, cuDNN takes the place of oneDNN.",
+          "With a CUDA device (for instance a Colab GPU runtime), a float32 3x3 convolution "
+          "goes to cuDNN, which takes the place of oneDNN.",
           "a CUDA device with cuDNN", check_cudnn_replaces_onednn),
     Claim("ch3_cuda_rule_table_matches_aten", 3,
-          "On CUDA, convlab's rule table picks ATen's own backend for the chapter's cases "
-          "(cuDNN, CudaDepthwise2d/3d, SlowTranspose3d, SlowDilated3d).",
+          "On a CUDA device the rule table picks ATen's own backend for every case of that "
+          "table and three more (a float16 depthwise layer, a float64 one and a transposed "
+          "2-d one).",
           "a CUDA device with cuDNN", check_rule_table_matches_aten),
     Claim("ch3_cuda_slow_is_im2col", 3,
-          "On CUDA, use_backend('slow') falls back to ATen's CUDA im2col kernels.",
+          "Under use_backend(\"slow\") a CUDA convolution's backward falls back to ATen's "
+          "CUDA im2col kernels.",
           "a CUDA device", check_slow_is_cuda_im2col),
     Claim("ch7_cuda_depthwise_not_cudnn", 7,
-          "A float32 NCHW depthwise layer on CUDA usually goes to ATen's CudaDepthwise2d, "
-          "not cuDNN.",
+          "A float32 NCHW depthwise layer on CUDA usually goes to ATen's own "
+          "CudaDepthwise2d kernel, not cuDNN.",
           "a CUDA device; cuDNN's depthwise heuristic", check_depthwise_not_cudnn),
     Claim("ch7_cuda_tf32_error", 7,
-          "On Ampere and newer GPUs cuDNN's TF32 (on by default) gives errors near 1e-3 "
-          "relative instead of 1e-6.",
+          "On Ampere and newer GPUs TF32 is on by default for convolutions, and a float32 "
+          "grad_weight then has errors near 1e-3 relative, at least ten times those with "
+          "TF32 off.",
           "a CUDA device of compute capability 8.0 or more", check_tf32_error),
     Claim("ch10_cuda_deterministic_repeats", 10,
-          "torch.use_deterministic_algorithms(True) restricts cuDNN to deterministic "
-          "algorithms: the same bits on every call.",
+          "Under torch.use_deterministic_algorithms(True), cuDNN's backward gives the same "
+          "bits on every call.",
           "a CUDA device with cuDNN", check_deterministic_repeats),
     Claim("ch10_cuda_default_nondeterministic", 10,
-          "Outside deterministic mode cuDNN may choose algorithms that add with atomics, so "
-          "the conv backward of some layers gives different bits from call to call "
-          "(#70042).",
+          "Outside deterministic mode, cuDNN's backward of some layers gives different bits "
+          "from call to call.",
           "a CUDA device; cuDNN's algorithm choice for the layers tried",
           check_default_nondeterministic),
     Claim("ch10_cuda_tf32_deterministic", 10,
-          "TF32 is deterministic: it changes accuracy, not run-to-run bits.",
+          "TF32 is deterministic: under deterministic algorithms, cuDNN's backward with TF32 "
+          "on gives the same bits on every call, so TF32 costs accuracy, not "
+          "reproducibility.",
           "a CUDA device with cuDNN", check_tf32_deterministic),
     Claim("ch12_cuda_cudnn_ignores_output_padding", 12,
           "cuDNN's transposed backward does not check output_padding either: a wrong one "

@@ -84,12 +84,12 @@ def check_triton_conv_bwd_rocm_only() -> Outcome:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch9_inductor_gpu_bias_split", 9,
-          "Inductor calls ATen's convolution_backward (on GPUs it first splits off the bias "
-          "gradient as a sum).",
+          "Inductor calls ATen's convolution_backward, on GPUs after splitting off the bias "
+          "gradient as a sum.",
           "torch's Inductor decomposition (this version)", check_gpu_bias_split),
     Claim("ch9_inductor_triton_conv_bwd_rocm_only", 9,
-          "Only under max-autotune, with Triton enabled for convolution backward (by "
-          "default on ROCm only), can Inductor substitute its own templates.",
+          "For convolution backward, Inductor's default candidate backends include Triton "
+          "on ROCm builds only.",
           "torch's Inductor configuration (this version and build)",
           check_triton_conv_bwd_rocm_only),
 )

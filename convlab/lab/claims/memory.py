@@ -74,13 +74,13 @@ def check_loop_memory_is_its_result() -> Outcome:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch9_im2col_memory_independent_of_isa", 9,
-          "The im2col route's memory does not depend on the ISA.",
+          "convlab's im2col route allocates the same peak under every instruction set.",
           "ATen's im2col and the BLAS allocate through torch whatever the ISA; a process "
           "above the SSE4.1 setting's level (at it, the setting would be compared with "
           "itself)", check_im2col_memory_independent_of_isa),
     Claim("ch9_loop_memory_is_its_result", 9,
-          "The loop route holds its result and per-thread buffers, nothing that grows "
-          "with the batch.",
+          "Beyond its result the loop holds only its per-thread buffers, whose size does not "
+          "grow with the batch.",
           "convlab's C++ loop allocates its buffers once per thread through torch",
           check_loop_memory_is_its_result),
 )

@@ -128,48 +128,23 @@ def check_record_for_this_impl() -> Outcome:
                    + (f" ({'; '.join(same)})" if same else ""), impl=here, records=same)
 
 
-def check_stream_beyond_llc() -> Outcome:
-    """The STREAM arrays the roofline section would use here (sized from sysfs's last-level
-    cache, :func:`convlab.lab.sections.roofline.stream_elements`) each exceed that cache, so triad
-    measures DRAM, not a cache."""
-    from convlab.lab.method import machine
-    from convlab.lab.sections import roofline
-
-    llc = machine.last_level_cache(machine.cache_sizes())
-    if llc is None:
-        return cannot("no cache sizes in /sys/devices/system/cpu/cpu0/cache")
-    cfg = roofline.FULL
-    elements, sizing = roofline.stream_elements(2 ** cfg["stream_log2"], llc,
-                                                cfg["llc_multiple"], machine.memory_available())
-    array = 4 * elements
-    return verdict(array > llc, f"each of 3 arrays {array / 2**20:.0f} MiB, LLC "
-                   f"{llc / 2**20:.0f} MiB ({array / llc:.1f}x)"
-                   + (", capped by free memory" if sizing["capped_by_memory"] else ""),
-                   array=array, llc=llc)
-
-
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch7_block_follows_isa", 7,
-          "For the 3-channel stem oneDNN computes grad_input in a padded block of channels "
-          "as wide as one vector register (16 on AVX-512, 8 on AVX2).",
+          "For the 3-channel stem, oneDNN's JIT backward-data kernel computes grad_input in "
+          "a padded block of channels as wide as one vector register (16 with AVX-512, 8 "
+          "with AVX2).",
           "oneDNN's direct JIT kernel for this ISA", check_block_follows_isa),
     Claim("ch7_sse41_no_jit_backward", 7,
-          "Capped at SSE4.1, oneDNN 3.x has a JIT forward convolution but no JIT backward "
-          "one: both backward passes fall back to gemm.",
+          "Capped at SSE4.1, oneDNN still has a JIT forward convolution (jit:sse41 in "
+          "3.12), but no JIT backward for these shapes.",
           "oneDNN's kernels under ONEDNN_MAX_CPU_ISA=SSE41", check_sse41_no_jit_backward),
     Claim("ch7_channels_last_brgemm", 7,
-          "With channels_last, oneDNN's backward_data runs a brgemm kernel, not the direct "
-          "JIT kernel of NCHW.",
+          "With channels_last, oneDNN's backward_data runs a brgemm kernel (brg_conv_bwd on "
+          "AVX2 and AVX-512 CPUs), not the jit: kernel of NCHW that the records' fingerprint "
+          "names.",
           "oneDNN's brgemm kernels (AVX2 and up)", check_channels_last_brgemm),
     Claim("ch7_record_for_this_impl", 7,
-          "A committed record ran oneDNN's backward with this machine's implementation, "
-          "so the live cell can compare with it.",
+          "some committed record ran oneDNN's backward with the implementation of the "
+          "machine running this notebook.",
           "which machines have committed records", check_record_for_this_impl),
-    Claim("ch7_stream_beyond_llc", 7,
-          "The triad runs on float32 arrays larger than the last-level cache (sized from it).",
-          "the LLC size (sysfs) against the records' STREAM size", check_stream_beyond_llc),
-    Claim("ch10_sse41_no_direct_jit", 10,
-          "Capped at SSE4.1, oneDNN 3.x has no direct JIT backward convolution (its "
-          "forward is still JIT).",
-          "oneDNN's kernels under ONEDNN_MAX_CPU_ISA=SSE41", check_sse41_no_jit_backward),
 )

@@ -273,27 +273,27 @@ CLAIMS: tuple[Claim, ...] = (
           "is capped, MKL may not be)",
           check_gemms_within_tens_of_percent),
     Claim("ch7_stem_padded_block_growth", 7,
-          "oneDNN computes the stem's grad_input in a padded channel block, so its time "
-          "from 3 to 16 input channels follows ceil(C/block) (x1 at block 16, x2 at 8) "
-          "more closely than the channel count (x5.3).",
+          "Timed alone, without the grad_weight pass, oneDNN's grad_input from 3 to 16 "
+          "input channels grows more like the number of blocks (x1 at block 16, x2 at block "
+          "8) than like the channel count (x5.3).",
           "oneDNN's block for this ISA; the machine's noise (A/A band)",
           check_stem_padded_block_growth),
     Claim("ch9_grouped_fastest", 9,
-          "The grouped route is the fastest weight-only route on chapter 9's layer "
-          "(faster than im2col beyond the A/A band).",
+          "On this layer, at one thread, the grouped route is faster than the im2col route "
+          "where oneDNN runs its grouped backward with a JIT kernel.",
           "oneDNN's grouped JIT kernel for this ISA; MKL's GEMM", check_grouped_fastest),
     Claim("ch9_grouped_gemm_fallback_few_channels", 9,
-          "With few channels per group (a 3-channel stem) oneDNN's grouped backward "
-          "falls back to its GEMM kernel, where the im2col route can win.",
+          "With 3 channels per group (a 3-channel stem), oneDNN computes the grouped "
+          "backward's weight gradient with its GEMM fallback, not a JIT kernel.",
           "oneDNN's kernels for this ISA", check_grouped_gemm_fallback_few_channels),
     Claim("ch9_expanded_weights_other_kernel", 9,
           "At N = 8 < 32 ExpandedWeights runs its swapped-roles forward convolution, not the "
-          "grouped backward: its row measures another kernel.",
+          "grouped backward.",
           "ExpandedWeights' threshold (32) and oneDNN's kernels",
           check_expanded_weights_other_kernel),
     Claim("ch7_sse41_setting_caps_mkl", 7,
-          "The SSE4.1 record models an SSE4.1 machine: its setting caps MKL's GEMM as well "
-          "as oneDNN and ATen.",
+          "Where MKL honours MKL_ENABLE_INSTRUCTIONS, the SSE4.1 setting, which sets it to "
+          "SSE4_2, caps MKL's GEMM too: it runs at half its full-width speed or less.",
           "MKL_ENABLE_INSTRUCTIONS in the setting, and MKL honouring it on this CPU",
           check_sse41_setting_caps_mkl),
 )

@@ -169,43 +169,42 @@ def check_rule_table_matches_aten() -> Outcome:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch3_bf16_routes_mkldnn", 3,
-          "bfloat16 goes to oneDNN where ideep's rule lets oneDNN take it (its level at "
-          "least avx2_vnni_2: AVX-512, or AVX2 with AVX-NE-CONVERT), and to Slow2d "
-          "otherwise.",
+          "A bfloat16 convolution therefore goes to oneDNN exactly when oneDNN's effective "
+          "ISA is at least avx2_vnni_2.",
           "this CPU's flags under the oneDNN cap (not an AMX cap)", check_bf16_routes_mkldnn),
     Claim("ch3_fp16_routes_mkldnn", 3,
-          "float16 goes to oneDNN where ideep's rule lets oneDNN take it (avx512_core_fp16 "
-          "and up, or avx2_vnni_2), and to Slow2d otherwise.",
+          "A float16 convolution goes to oneDNN exactly when the effective ISA is at least "
+          "avx512_core_fp16 or exactly avx2_vnni_2.",
           "this CPU's flags under the oneDNN cap (not an AMX cap)", check_fp16_routes_mkldnn),
     Claim("intro_sse41_cap_sends_half_to_slow_path", "intro",
-          "The backend chosen for bfloat16 and float16 is oneDNN only where ideep's rule "
-          "lets oneDNN take the type; under the SSE4.1 cap it is the slow path, so make "
-          "test does not compare it.",
+          "Capped at SSE4.1, neither bfloat16 nor float16 goes to oneDNN.",
           "a fresh process under ONEDNN_MAX_CPU_ISA=SSE41",
           check_sse41_cap_sends_half_to_slow_path),
     Claim("intro_output_mask_is_request", "intro",
-          "output_mask is a request: oneDNN returns grad_weight when only the bias "
-          "gradient is asked for.",
+          "On the CPU oneDNN computes grad_weight and grad_bias together, so asking for the "
+          "bias without the weight also returns a grad_weight.",
           "float32 on a CPU with oneDNN (Mkldnn selected)", check_output_mask_is_request),
     Claim("intro_empty_batch_bias_sizes_none_aborts", "intro",
-          "With bias_sizes=None and output_mask[2] true, an empty batch aborts the process "
-          "(std::bad_optional_access): pass [C_out], or mask the bias.",
+          "With bias_sizes=None and output_mask[2] true, an empty batch aborts the whole "
+          "process (std::bad_optional_access).",
           "torch's Empty backend (checked in a child process)",
           check_empty_batch_bias_sizes_none_aborts),
     Claim("ch3_threads_flip_1x1", 3,
-          "One image with a 1x1 kernel fails the first half of use_mkldnn unless more than "
-          "one thread is used.",
+          "A pointwise (1x1) convolution on one large image therefore runs on oneDNN with "
+          "two threads and on Slow2d with one.",
           "the thread count (and oneDNN built in)", check_threads_flip_1x1),
     Claim("ch3_onednn_size_bound", 3,
-          "A single-sample 3x3 float32 layer goes to oneDNN only when N*C*H*W > 20480.",
+          "A single float32 image with a 3x3 kernel and one group goes to oneDNN only when "
+          "`N*C*H*W > 20480`.",
           "torch's use_mkldnn (this version)", check_onednn_size_bound),
     Claim("ch3_nnpack_batch16", 3,
-          "With oneDNN disabled, a float32 batch of 16 or more goes to NNPACK; smaller "
-          "batches go to Slow2d.",
+          "with oneDNN disabled, a float32 batch of 16 or more goes to NNPACK and a smaller "
+          "one to Slow2d.",
           "NNPACK built in and supported by this CPU", check_nnpack_batch16),
     Claim("ch3_rule_table_matches_aten", 3,
-          "convlab's rule table selects the backend ATen selects, on every configuration "
-          "tried.",
+          "The rule table also picks ATen's own backend on the CPU that runs it, for "
+          "float32, float64, bfloat16 and float16 layers across batch, kernel, image size, "
+          "thread count and the oneDNN flag.",
           "this torch version and CPU (the table follows 2.13's source)",
           check_rule_table_matches_aten),
 )

@@ -160,16 +160,17 @@ def check_flush_removes_penalty() -> Outcome:
 
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch3_subnormal_slows_slow2d", 3,
-          "Subnormal weights (about 1e-42) make Slow2d several times slower on CPUs that "
-          "take a microcode assist for subnormal operands.",
+          "On a CPU that takes a microcode assist for subnormal operands, subnormal weights "
+          "make Slow2d slower.",
           "the CPU's handling of subnormals (penalty on Intel cores in our records)",
           check_subnormal_slows_slow2d),
     Claim("ch3_subnormal_slows_onednn", 3,
           "Subnormal weights slow oneDNN as well, so the thread-count flip to oneDNN "
-          "does not cure #67797.",
+          "(below) does not cure the issue.",
           "the CPU's handling of subnormals", check_subnormal_slows_onednn),
     Claim("ch3_flush_denormal_removes_penalty", 3,
-          "torch.set_flush_denormal(True) removes the subnormal penalty.",
+          "torch.set_flush_denormal(True), which makes the CPU treat subnormals as zero, "
+          "removes the penalty.",
           "a CPU with a subnormal penalty and FTZ/DAZ support (SSE3 and up)",
           check_flush_removes_penalty),
 )

@@ -56,7 +56,7 @@ def check_only_slow_reads_output_padding() -> Outcome:
 CLAIMS: tuple[Claim, ...] = (
     Claim("ch12_only_slow_transposed_reads_output_padding", 12,
           "On a CPU only ATen's slow transposed kernel checks output_padding in the "
-          "backward; oneDNN's returns the right gradients with a wrong one.",
+          "backward, and oneDNN's returns the right gradients with a wrong one.",
           "oneDNN selected for float32 transposed layers (torch built with it, enabled)",
           check_only_slow_reads_output_padding),
 )

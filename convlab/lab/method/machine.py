@@ -286,19 +286,35 @@ def short_model(model: str) -> str:
     return " ".join(model.split())
 
 
+def identity_line(fp: Mapping[str, object]) -> str:
+    """The machine a stored output came from, short enough to sit under it: the machine
+    (:func:`display_name`), ATen's capability, oneDNN's implementation, torch.
+
+    >>> identity_line({"cpu_model": "AMD EPYC", "cores": 2, "caches": {"L3": 32 * 2**20},
+    ...                "cpu_family_model": "25-1", "aten_cpu_capability": "AVX2",
+    ...                "onednn_isa": "jit:avx2", "torch_version": "2.13.0+cpu"})
+    'AMD EPYC x2 (L3 32 MiB, family 25 model 1), ATen AVX2, oneDNN jit:avx2, torch 2.13.0+cpu'
+    """
+    return (f"{display_name(fp)}, ATen {fp.get('aten_cpu_capability')}, oneDNN "
+            f"{fp.get('onednn_isa') or '(no jit line)'}, torch {fp.get('torch_version')}")
+
+
 def fingerprint_line(fp: Mapping[str, object]) -> str:
-    """One line: CPU x logical cores, ATen's capability, oneDNN and its implementation, BLAS,
+    """One line: the machine (:func:`display_name`: CPU x logical cores, last-level cache,
+    cpuid family and model), ATen's capability, oneDNN and its implementation, BLAS,
     threads, torch.
 
     >>> line = fingerprint_line({
-    ...     "cpu_model": "AMD EPYC", "cores": 2, "aten_cpu_capability": "AVX2",
+    ...     "cpu_model": "AMD EPYC", "cores": 2, "caches": {"L3": 32 * 2**20},
+    ...     "cpu_family_model": "25-1", "aten_cpu_capability": "AVX2",
     ...     "onednn_version": "3.12.0", "onednn_isa": "jit:avx2",
     ...     "onednn_isa_info": "Intel AVX2", "threads": 2,
     ...     "blas": {"torch_blas": "mkl", "mkl_version": "2024.2",
     ...              "mkl_path": "Intel(R) Architecture processors"},
     ...     "torch_version": "2.13.0+cpu"})
     >>> print(*line.split(", "), sep="\\n")
-    AMD EPYC x2: ATen AVX2
+    AMD EPYC x2 (L3 32 MiB
+    family 25 model 1): ATen AVX2
     oneDNN 3.12.0 jit:avx2 (Intel AVX2)
     MKL 2024.2 (Intel(R) Architecture processors)
     2 threads
@@ -315,7 +331,7 @@ def fingerprint_line(fp: Mapping[str, object]) -> str:
     onednn = f"oneDNN {fp.get('onednn_version')} {fp.get('onednn_isa') or '(no jit line)'}"
     if fp.get("onednn_isa_info"):
         onednn += f" ({fp['onednn_isa_info']})"
-    return (f"{short_model(str(fp.get('cpu_model')))} x{fp.get('cores')}: ATen "
+    return (f"{display_name(fp)}: ATen "
             f"{fp.get('aten_cpu_capability')}, {onednn}, {blas_text}, {fp.get('threads')} "
             f"threads, torch {fp.get('torch_version')}")
 

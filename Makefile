@@ -56,11 +56,18 @@ system-deps:
 	if [ -n "$$missing" ]; then echo "installing Debian packages:$$missing"; \
 	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing >/dev/null; fi
 
+# The tests and the notebooks run in $(JOBS) pytest-xdist workers, a file (or notebook) per
+# worker at a time (--dist loadfile: a notebook's cells share one kernel, a module's
+# fixtures one process). Much of the suite waits on child processes (Chromium, g++, the
+# records runner's fresh processes), so two workers keep both cores busy.
+JOBS ?= 2
+XDIST := -n $(JOBS) --dist loadfile
+
 unit: $(STAMP) system-deps
-	$(PY) -m pytest tests -q
+	$(PY) -m pytest tests -q $(XDIST)
 
 nbval: $(STAMP)
-	$(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) --nbval --nbval-current-env \
 	  --nbval-sanitize-with nbval_sanitize.cfg $$($(PY) scripts/toc_notebooks.py)
 
 # The second ISA setting `make test` runs under: the one most unlike any x86 CPU this runs on
@@ -71,12 +78,12 @@ nbval: $(STAMP)
 ISA_LOW := ONEDNN_MAX_CPU_ISA=SSE41 ATEN_CPU_CAPABILITY=default
 
 unit-isa: $(STAMP) system-deps
-	$(ISA_LOW) $(PY) -m pytest tests -q --ignore=tests/test_browser.py \
+	$(ISA_LOW) $(PY) -m pytest tests -q $(XDIST) --ignore=tests/test_browser.py \
 	  --ignore=tests/test_book_pdf.py --ignore=tests/test_standalone_cpp.py \
 	  --ignore=tests/test_records.py
 
 nbval-isa: $(STAMP)
-	$(ISA_LOW) $(PY) -m pytest -q -p no:cacheprovider --nbval --nbval-current-env \
+	$(ISA_LOW) $(PY) -m pytest -q -p no:cacheprovider $(XDIST) --nbval --nbval-current-env \
 	  --nbval-sanitize-with nbval_sanitize.cfg $$($(PY) scripts/toc_notebooks.py)
 
 # Installed mode (part of `make test`): convlab as a reader gets it. A wheel is built from

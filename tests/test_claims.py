@@ -517,6 +517,7 @@ def test_a_timed_check_is_inconclusive_under_noise_and_decides_without(
         return interleaved
 
     monkeypatch.setattr(perf, "_per_sample_fns", lambda *a: {})
+    monkeypatch.setattr(perf, "grouped_backward_weights_impls", lambda: ["jit:avx2"])
     monkeypatch.setattr(timing, "interleaved", fake_rounds([1, 3, 1, 0.4, 1, 2.5, 1], 0.8))
     [out] = claims.evaluate(ids=["ch9_grouped_fastest"])
     assert out.status == core.INCONCLUSIVE and out.detail["rounds"] == resolve.MAX_ROUNDS
@@ -527,6 +528,11 @@ def test_a_timed_check_is_inconclusive_under_noise_and_decides_without(
     monkeypatch.setattr(timing, "interleaved", fake_rounds([1, 1.02, 1, 0.99, 1, 1, 1], 1.0))
     [out] = claims.evaluate(ids=["ch9_grouped_fastest"])
     assert out.status == core.FAILS and "x1.00" in out.evidence
+    # the sentence's condition: a JIT kernel for oneDNN's grouped backward_weights
+    seen.clear()
+    monkeypatch.setattr(perf, "grouped_backward_weights_impls", lambda: ["x64:gemm:jit"])
+    [out] = claims.evaluate(ids=["ch9_grouped_fastest"])
+    assert out.status == core.CANNOT and "x64:gemm:jit" in out.evidence and not seen
 
 
 # --------------------------------------------------------------- the low ISA setting

@@ -138,11 +138,28 @@ def _per_sample_fns(n: int, c_in: int, c_out: int, size: int, k: int
     return fns
 
 
+def grouped_backward_weights_impls() -> list[str]:
+    """oneDNN's implementations of backward_weights in the grouped route on chapter 9's
+    layer (its verbose log)."""
+    from convlab.lab.method.profiling import onednn_trace
+
+    run = _per_sample_fns(8, 16, 32, 32, 3)["grouped"]
+    return sorted({c.impl for c in onednn_trace(run) if c.prop == "backward_weights"})
+
+
 def check_grouped_fastest() -> Outcome:
     """The grouped route (samples as groups, one oneDNN call) is faster than the im2col
     route on chapter 9's layer (N=8, 16->32, 32x32, 3x3, 1 thread), beyond the band;
     it does not hold where the ratio's interval clears that edge and the band resolves
-    ``FASTEST_EFFECT``."""
+    ``FASTEST_EFFECT``. Where oneDNN's grouped backward_weights is not a JIT kernel (its
+    GEMM fallback, or no oneDNN), the sentence's condition is not met: cannot run here."""
+    if not torch.backends.mkldnn.is_available():
+        return cannot("oneDNN is not built into this torch")
+    impls = grouped_backward_weights_impls()
+    if not impls or any("gemm" in i or i.startswith("ref") for i in impls):
+        return cannot(f"oneDNN's grouped backward_weights here: "
+                      f"{', '.join(impls) or 'none'}, not a JIT kernel",
+                      implementations=impls)
     _, j = timed(_per_sample_fns(8, 16, 32, 32, 3),
                  [("grouped", "grouped'"), ("im2col", "im2col'")],
                  lambda t, band: judge(timing.round_ratios(t["grouped"], t["im2col"]),

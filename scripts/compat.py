@@ -8,9 +8,9 @@ Usage: python scripts/compat.py --torch 2.9.1 [--keep] [--record] [--cpp-only]
    one install) and the pinned test tools of requirements.txt;
 2. convlab installed non-editable from a copy of the repository, whose own ``convlab/``
    folder is then removed, so every import sees the installed package (as on Colab);
-3. every chapter of _toc.yml executed with nbclient (outputs not compared: the stored
-   outputs belong to the pinned torch; an exception fails the chapter);
-4. the test suite run in the copy;
+3. every chapter of _toc.yml executed with nbclient, two at a time (outputs not compared:
+   the stored outputs belong to the pinned torch; an exception fails the chapter);
+4. the test suite run in the copy, in two pytest-xdist workers;
 5. the standalone libtorch program (cpp/standalone) built with CMake against that torch and
    run: its routes must agree (a CUDA wheel without the CUDA toolkit is reported as skipped);
 6. a Colab rehearsal: the Colab copies (colab/) of the chapters that read the measurement
@@ -46,6 +46,7 @@ import subprocess
 import sys
 import sysconfig
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -371,18 +372,24 @@ def main(argv: list[str] | None = None) -> int:
                              text=True, env=env, check=True).stdout.split()
     print(f"torch {version[0]} on Python {version[1]}", flush=True)
 
-    ok, total = 0, 0
-    for nb in chapters():
-        total += 1
+    def execute(nb: Path) -> bool:
+        """Run one chapter's copy in its own kernel; its output goes to its own log."""
         copy = repo / nb.relative_to(ROOT)
         t0 = time.perf_counter()
-        result = run([str(py), "-c", EXECUTE_CHAPTERS, str(copy), str(copy.parent)], log,
-                     env=env, cwd=copy.parent)
-        status = "ok" if result.returncode == 0 else "FAILED"
-        ok += result.returncode == 0
+        result = run([str(py), "-c", EXECUTE_CHAPTERS, str(copy), str(copy.parent)],
+                     work / f"log-{nb.stem}.txt", env=env, cwd=copy.parent)
+        status = "ok" if result.returncode == 0 else f"FAILED (see log-{nb.stem}.txt)"
         print(f"  {nb.name}: {status} ({time.perf_counter() - t0:.0f} s)", flush=True)
+        return result.returncode == 0
 
-    tests = subprocess.run([str(py), "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider"],
+    # two chapters at a time, as `make test` runs its notebooks
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        done = list(pool.map(execute, chapters()))
+    ok, total = sum(done), len(done)
+
+    # two workers, as `make test` runs them (pytest-xdist is one of the pinned test tools)
+    tests = subprocess.run([str(py), "-m", "pytest", "tests", "-q", "-p", "no:cacheprovider",
+                            "-n", "2", "--dist", "loadfile"],
                            cwd=repo, env=env, capture_output=True, text=True, check=False)
     with log.open("a") as sink:
         sink.write(tests.stdout + tests.stderr)

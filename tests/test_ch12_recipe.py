@@ -127,7 +127,13 @@ def test_dropin_compiles_fullgraph_with_aot_eager() -> None:
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("g++") is None and shutil.which("c++") is None,
                     reason="Inductor's CPU backend needs a C++ compiler")
-def test_dropin_compiles_fullgraph_with_inductor() -> None:
+def test_dropin_compiles_fullgraph_with_inductor(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cache of its own: Inductor's on-disk cache (/tmp/torchinductor_$USER) does not key
+    # on ATEN_CPU_CAPABILITY, so a kernel and precompiled header built under AVX2 were
+    # reused under `make test`'s low ISA setting and did not compile ("at::vec has not
+    # been declared").
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
     _compiled_matches("inductor")
 
 

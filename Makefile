@@ -95,7 +95,8 @@ nbval-isa: $(STAMP)
 # the wheel must carry and where it is found, so this adds about a minute: every module
 # imports cleanly (test_imports); the measurement records, stored GPU runs and old-torch
 # runs as package data (test_records, test_gpu_runs, test_gpu_check's store,
-# test_version_runs, test_claims' readers); the Colab copies, whose chapter 5 inlines the
+# test_version_runs, test_claims' readers); the source files the pages name (test_source_paths:
+# convlab's C++ from the installed package); the Colab copies, whose chapter 5 inlines the
 # wheel's convlab_ext.cpp (test_colab_copies); the C++ extension built from that file
 # (test_extension's op and load); the console entry point (test_cli); and
 # scripts/old_torch_runs.py beside the installed package (test_chapters_11_13). The whole
@@ -103,7 +104,7 @@ nbval-isa: $(STAMP)
 # the record chapters outside a checkout (about 3.5 CPU-minutes, over this target's share
 # of `make test`): `make installed REHEARSE=1` adds it.
 INSTALLED_TESTS := tests/test_imports.py tests/test_gpu_runs.py tests/test_version_runs.py \
-  tests/test_colab_copies.py \
+  tests/test_colab_copies.py tests/test_source_paths.py \
   tests/test_records.py::test_every_committed_record_is_valid \
   tests/test_records.py::test_committed_records_cover_every_setting_of_their_machine \
   tests/test_records.py::test_records_travel_with_an_installed_package \

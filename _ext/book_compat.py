@@ -63,14 +63,17 @@ def sentence(root: Path, table: Path) -> str:
         if files is None:
             parts.append(f"{runs} at {commit}, which this checkout's history lacks.")
         elif not files:
+            they = "it tests" if count == 1 else "they test"
             parts.append(f"{runs} at {commit}: nothing `make compat` runs has changed "
-                         "since, so they test this build's code.")
+                         f"since, so {they} this build's code.")
         else:
             kinds = Counter("chapters" if f.startswith("book/") else f.split("/")[0]
                             for f in files)
             what = ", ".join(f"{n} in {k}" for k, n in kinds.most_common())
+            have = "has" if len(files) == 1 else "have"
+            they = "it does" if count == 1 else "they do"
             parts.append(f"{runs} at {commit}: {len(files)} of the files `make compat` "
-                         f"runs have changed since ({what}), so they do not test this "
+                         f"runs {have} changed since ({what}), so {they} not test this "
                          "build's code.")
     dirty = _git(root, "status", "--porcelain", "--untracked-files=no", "--", *CODE)
     built = head.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -75,6 +76,10 @@ def resolve(name: str) -> str | None:
     for base in (ROOT, BOOK):
         if (base / name).is_file():
             return f"checkout: {(base / name).resolve().relative_to(ROOT)}"
+        # a page's relative path into convlab/, whose files may be the installed wheel's
+        where = Path(os.path.normpath(base / name))
+        if where.is_relative_to(ROOT) and where.relative_to(ROOT).as_posix() in checkout_files():
+            return f"checkout: {where.relative_to(ROOT).as_posix()}"
     ours = [p for p in checkout_files() if fits(name, p)]
     if len(ours) == 1:
         return f"checkout: {ours[0]}"
@@ -92,9 +97,15 @@ def resolve(name: str) -> str | None:
 
 @functools.cache
 def checkout_files() -> tuple[str, ...]:
-    """This project's own source files (the folders a page may name a file of)."""
-    return tuple(str(p.relative_to(ROOT)) for folder in ("convlab", "cpp", "scripts", "tests")
-                 for p in (ROOT / folder).rglob("*") if p.is_file())
+    """This project's own source files (the folders a page may name a file of); convlab's
+    from the package imported, which is the checkout's or, installed (``make compat``, as
+    on Colab), the wheel's."""
+    import convlab
+
+    folders = {"convlab": Path(convlab.__file__).resolve().parent,
+               **{name: ROOT / name for name in ("cpp", "scripts", "tests")}}
+    return tuple(f"{name}/{p.relative_to(base).as_posix()}" for name, base in folders.items()
+                 for p in base.rglob("*") if p.is_file())
 
 
 def installed_match(name: str) -> str | None:

@@ -134,7 +134,17 @@ def test_dropin_compiles_fullgraph_with_inductor(tmp_path: Path,
     # reused under `make test`'s low ISA setting and did not compile ("at::vec has not
     # been declared").
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    _compiled_matches("inductor")
+    from convlab.lab.claims.core import _flush_denormal_on
+
+    before = _flush_denormal_on()
+    try:
+        _compiled_matches("inductor")
+    finally:
+        # Inductor in torch 2.4 and 2.5 builds its kernels with -ffast-math: loading one
+        # turns on flush-to-zero in this thread (make compat on 2.5.1: a later ULP test
+        # in the same worker got 2**1023 for an infinite error).
+        if _flush_denormal_on() != before:
+            torch.set_flush_denormal(before)
 
 
 def test_a_class_built_per_call_breaks_fullgraph_until_cached() -> None:
@@ -163,7 +173,8 @@ def test_a_class_built_per_call_breaks_fullgraph_until_cached() -> None:
 
     x, w = torch.randn(1, 2, 5, 5), torch.randn(3, 2, 3, 3)
     torch._dynamo.reset()
-    with pytest.raises(torch._dynamo.exc.Unsupported, match="__build_class__"):
+    # Dynamo names the class statement by its builtin (older releases: by its bytecode)
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="__build_class__|LOAD_BUILD_CLASS"):
         torch.compile(layer, fullgraph=True, backend="aot_eager")(x, w)
     torch._dynamo.reset()
     layer(x, w)  # an eager call fills the cache

@@ -133,9 +133,10 @@ bench: $(STAMP)
 	$(PY) -m convlab bench
 
 # book/data/records/<machine>__<isa>.json: every section under each ISA this CPU offers,
-# one fresh process per ISA (see convlab/lab/record/runner.py). Never part of `make test`.
+# fresh processes per ISA (PROCESSES of them for the timed sections, default 3; see
+# convlab/lab/record/runner.py). Never part of `make test`.
 records: $(STAMP)
-	$(PY) -m convlab.lab.record.runner $(if $(QUICK),--quick) $(if $(SECTIONS),--sections "$(SECTIONS)") $(if $(CLOCK),--clock $(CLOCK))
+	$(PY) -m convlab.lab.record.runner $(if $(QUICK),--quick) $(if $(SECTIONS),--sections "$(SECTIONS)") $(if $(CLOCK),--clock $(CLOCK)) $(if $(PROCESSES),--processes $(PROCESSES))
 
 # Another torch from the package registry in a throwaway venv, convlab installed as on Colab.
 # Not part of `make test`: each version downloads a multi-GB wheel.

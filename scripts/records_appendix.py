@@ -164,6 +164,7 @@ def render(items: list[tuple[str, Any]]) -> list[str]:
 
 def machine_page(slug: str, recs: list[Any]) -> str:
     from convlab.lab.method import machine
+    from convlab.lab.record import record_method
 
     name = recs[0].machine_name
     lines = [f"({INDEX}-{slug})=", f"# {name}", "",
@@ -172,7 +173,12 @@ def machine_page(slug: str, recs: list[Any]) -> str:
              "run on this machine's records only. Do not edit; run the script.", ""]
     lines += [f"- {r.isa_name}: {machine.fingerprint_line(r.fingerprint)}, measured "
               f"{r.created}" for r in recs]
-    lines.append("")
+    lines += ["", "## How the records were taken", "",
+              "Per timed section: the method (the earlier one ran each section in one "
+              "process), the within-run A/A band (two candidates of the same kernel inside "
+              "one process), the between-process spread of the section's ratios (the same "
+              "section in fresh processes) and how busy the machine was while it ran.", ""]
+    lines += render([("obj", record_method.taken_table(recs))])
     for chapter in CHAPTERS:
         title, sections = chapter_sections(chapter, recs)
         if not any(items for _, items in sections):

@@ -99,6 +99,25 @@ def test_native_brings_its_a_a_twin() -> None:
                                                             ("slow", "Slow2d")]
 
 
+def test_a_repeat_times_a_path_twice_as_its_own_a_a_pair() -> None:
+    rep = bench.benchmark([TINY], paths=["mkldnn", "slow"], passes=["backward"], memory=False,
+                          gemm=False, repeats=["slow_aa"], **FAST)
+    assert [(r.path, r.backend) for r in rep.results] == [
+        ("mkldnn", "Mkldnn"), ("slow", "Slow2d"), ("slow_aa", "Slow2d")]
+    pairs = bench_report.all_aa_pairs(rep.results)
+    assert [(a.path, b.path) for a, b in pairs] == [("slow", "slow_aa")]
+    assert len(bench_report.aa_pairs(rep.results)) == 1
+    assert "slow_aa" not in paths.PATH_NAMES  # not a path of its own: defaults skip it
+    with pytest.raises(ValueError, match="repeats"):  # its path must be timed too
+        bench.benchmark([TINY], paths=["mkldnn"], repeats=["slow_aa"], **FAST)
+    with pytest.raises(ValueError, match="repeats"):
+        bench.benchmark([TINY], paths=["slow"], repeats=["mkldnn"], **FAST)
+    with pytest.raises(TypeError, match="repeats"):
+        bench.benchmark([TINY], paths=["slow"], repeats="slow_aa", **FAST)
+    with pytest.raises(ValueError, match="not a repeat"):
+        paths.repeat_path("slow")
+
+
 def _result(layer: str, path: str, rounds: tuple[float, ...], backend: str = "-") -> Result:
     t = Timing(path, rounds, 1)
     return Result(layer, path, "backward", backend, "cpu", "float32", 1, t.median * 1e3,

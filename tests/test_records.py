@@ -583,3 +583,94 @@ def test_a_record_left_beside_is_an_error_not_silently_unread(tmp_path):
         records.load_records(tmp_path)
     beside.unlink()
     assert len(records.load_records(tmp_path)) == 1
+
+
+# A timed section (registered as "suite", a name the runner repeats) whose ratio differs
+# from one process to the next: the process id picks it.
+TIMED_SECTION = ("import os\n"
+                 "def record(quick=False):\n"
+                 "    r = 1.0 + (os.getpid() % 7) / 10\n"
+                 "    return {'aa_band': 0.05, 'layers': [{'layer': 'tiny', 'slow_over_onednn':\n"
+                 "            {'median': r, 'verdict': 'within noise'}}]}\n")
+SWAP_TIMED = ("from convlab.lab.sections import SECTIONS\n"
+              "SECTIONS.clear()\n"
+              "SECTIONS.update(suite='timed_section:record', fake='fake_section:record')\n")
+
+
+def test_runner_repeats_timed_sections_in_fresh_processes(tmp_path):
+    """``--processes 3``: the timed section runs in three processes (their headline
+    numbers and spread stored), the untimed one in the first only; every section stores
+    its method and the machine's load."""
+    settings = isa_settings.available_settings()
+    if not settings:
+        pytest.skip("no ISA setting on this CPU")
+    (tmp_path / "timed_section.py").write_text(TIMED_SECTION)
+    (tmp_path / "fake_section.py").write_text(FAKE_SECTIONS)
+    (tmp_path / "sitecustomize.py").write_text(SWAP_TIMED)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    argv = ["--quick", "--dir", str(tmp_path / "out"), "--isa", settings[-1].label,
+            "--processes", "3"]
+    code = f"import sys; from convlab.lab.record import runner; sys.exit(runner.main({argv!r}))"
+    result = subprocess.run([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, check=False, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "fresh process 3 of 3 (suite)" in result.stdout
+    (rec,) = records.load_records(tmp_path / "out")
+    meta = rec.section_meta["suite"]
+    heads = [p["headline"] for p in meta["processes"]]
+    assert len(heads) == 3 and all(set(h) == {"layers[tiny]/slow_over_onednn"} for h in heads)
+    assert heads[0]["layers[tiny]/slow_over_onednn"] == rec.sections["suite"]["layers"][0][
+        "slow_over_onednn"]["median"]  # the first process is the one stored in full
+    values = [h["layers[tiny]/slow_over_onednn"] for h in heads]
+    spread = rec.section_spread("suite")
+    assert spread["ratio"]["processes"] == 3 and spread["rate"]["median"] is None
+    assert spread["ratio"]["max"] == pytest.approx(max(values) / min(values) - 1)
+    assert "processes" not in rec.section_meta["fake"] and rec.section_spread("fake") is None
+    for name in ("suite", "fake"):
+        assert rec.section_method(name) == runner.METHOD
+        assert isinstance(rec.section_load(name)["quiet"], bool)
+
+
+def test_processes_must_be_positive(capsys):
+    assert runner.main(["--processes", "0"]) == 2
+    assert "processes must be at least 1" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="processes"):
+        runner.run_all(["suite"], True, processes=0)
+
+
+def test_add_replicates_skips_a_section_that_raised_in_any_process():
+    def rec(ratio, error=False):
+        section = {"error": "RuntimeError: x"} if error else {
+            "rows": [{"layer": "a", "r": {"median": ratio, "verdict": "slower"}}]}
+        return {"sections": {"suite": section, "numerics": {"ok": 1}},
+                "section_meta": {"suite": {"seconds": 1.0, "load": None},
+                                 "numerics": {"seconds": 1.0}}}
+
+    first = runner.add_replicates(rec(1.0), [rec(1.5), rec(1.2)])
+    assert first["section_meta"]["suite"]["process_spread"]["ratio"]["max"] == \
+        pytest.approx(0.5)
+    assert "processes" not in first["section_meta"]["numerics"]  # not a timed section
+    assert "processes" not in runner.add_replicates(rec(1.0), [rec(1.5, error=True)])[
+        "section_meta"]["suite"]
+    assert "processes" not in runner.add_replicates(rec(1.0), [])["section_meta"]["suite"]
+
+
+@pytest.mark.parametrize(("meta", "problem"), [
+    ({"method": 0}, "method must be a positive int"),
+    ({"method": "2"}, "method must be a positive int"),
+    ({"load": {"steal": 0.1}}, "'quiet'"),
+    ({"process_spread": {"ratio": {}}}, "'ratio' and 'rate'"),
+])
+def test_section_meta_fields_are_checked(meta, problem):
+    data = _record()
+    data["section_meta"] = {"suite": meta}
+    assert any(problem in p for p in record_schema.validate(data))
+
+
+def test_an_old_section_reads_as_the_earlier_method(tmp_path):
+    path = tmp_path / "amd-epyc-x2__avx2.json"
+    path.write_text(json.dumps(_record()))
+    rec = records.read_record(path)
+    assert rec.section_method("suite") == 1
+    assert rec.section_load("suite") is None and rec.section_spread("suite") is None

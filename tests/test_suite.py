@@ -44,12 +44,23 @@ def test_suite_layers_have_both_backends_and_the_a_a_pairs(suite_record: dict) -
         assert {"mkldnn", "slow"} <= set(row["times"])
         assert row["times"]["mkldnn"]["backend"] == "Mkldnn"
         assert ("native" in row["times"]) == (row["layer"] in suite.AA_LAYERS)
+        assert ("slow_aa" in row["times"]) == (row["layer"] in suite.AA_LAYERS)
+        if row["layer"] in suite.AA_LAYERS:  # both pairs, their per-round ratios pooled
+            assert row["aa_pairs"] == ["native / mkldnn (Mkldnn)",
+                                       f"slow / slow_aa ({row['times']['slow']['backend']})"]
+            t = row["times"]
+            assert row["aa_per_round"] == pytest.approx(
+                [a / b for a, b in zip(t["native"]["rounds_s"], t["mkldnn"]["rounds_s"],
+                                       strict=True)]
+                + [a / b for a, b in zip(t["slow"]["rounds_s"], t["slow_aa"]["rounds_s"],
+                                         strict=True)])
         v = row["slow_over_onednn"]
         slow, mk = row["times"]["slow"]["rounds_s"], row["times"]["mkldnn"]["rounds_s"]
         assert v["per_round"] == pytest.approx([a / b for a, b in zip(slow, mk, strict=True)])
         assert v["verdict"] == "within noise"  # 2 rounds can never reject noise
-    assert suite_record["aa_pairs"] == sum(r["layer"] in suite.AA_LAYERS
-                                           for r in suite_record["layers"])
+    assert suite_record["aa_pairs"] == 2 * sum(r["layer"] in suite.AA_LAYERS
+                                               for r in suite_record["layers"])
+    assert set(suite_record["aa_band_by_family"]) == {"Mkldnn", "slow"}
     assert suite_record["aa_band"] >= 0
     assert suite_record["summary"]["layers"] == len(suite_record["layers"])
 
@@ -91,6 +102,19 @@ def test_roofline_record_and_fractions(monkeypatch) -> None:
         assert "onednn matmul" in rec["gemm"]
     triad = rec["stream"]["triad"][counts[0]]
     assert triad["min_bytes"] == 3 * 4 * 2**12
+    method = rec["method"]
+    assert (method["stream_elements"], method["stream_array_bytes"]) == (2**12, 4 * 2**12)
+    assert method["gemm_matrix_bytes"] == 4 * 32 * 32
+    theory = rec["theoretical_peak"]
+    if theory["reason"] is None:  # this machine's CPU is in the table
+        assert set(theory["gflops"]) == set(counts)
+        for k in counts:
+            assert theory["measured_over_peak"][k] == pytest.approx(
+                rec["peak_gflops"][k] / theory["gflops"][k])
+        assert theory["model"]["clock_mhz"] > 0 and theory["model"]["source"]
+    else:
+        assert theory["gflops"] is None and theory["measured_over_peak"] is None
+        assert "not modelled" in theory["reason"]
     fake_suite = {"method": {"threads": int(counts[-1])}, "layers": [{"layer": "x", "times": {
         "slow": {"backend": "Slow2d", "flops": 10**9, "min_bytes": 10**9,
                  "gflops": 1.0, "gbytes_s": 1.0}}}]}

@@ -156,7 +156,9 @@ def _tasks(layer: Layer, names: Sequence[str], passes: Sequence[str], device: to
     names = list(names)
     tasks: list[_Task] = []
     while names:
-        path = registry.get_path(names.pop(0))
+        name = names.pop(0)
+        path = (registry.repeat_path(name) if name in registry.AA_REPEATS
+                else registry.get_path(name))
         try:
             backend = path.check(layer, device, dtype)
         except NotApplicable as why:
@@ -229,6 +231,7 @@ def benchmark(
     progress: Callable[[str], None] | None = None,
     report: Report | None = None,
     min_calls: int = 20,
+    repeats: Sequence[str] | None = None,
 ) -> Report:
     """Time ``paths`` x ``passes`` on ``layers``, layer by layer.
 
@@ -244,9 +247,19 @@ def benchmark(
     most ``convlab.lab.method.timing.MAX_RUN_TIME``). ``memory=False`` skips the memory
     measurements, ``gemm=False`` the GEMM yardstick. Results are appended to
     ``report`` as each layer finishes, so an interrupted run keeps what it finished.
+    ``repeats`` (names of ``convlab.lab.paths.AA_REPEATS``, e.g. ``["slow_aa"]``) times
+    those paths a second time in the same run: A/A pairs of their own.
     """
     chosen_layers = _resolve_layers(layers)
     chosen_paths = _check_choice(paths, registry.PATH_NAMES, "paths")
+    if isinstance(repeats, str | bool) or not isinstance(repeats, Sequence | type(None)):
+        raise TypeError(f"repeats must be a sequence of names, got {repeats!r}")
+    bad = [r for r in repeats or () if r not in registry.AA_REPEATS
+           or registry.AA_REPEATS[r] not in chosen_paths]
+    if bad:
+        raise ValueError(f"repeats: {', '.join(map(repr, bad))} must name a repeat of "
+                         f"{', '.join(registry.AA_REPEATS)} whose path is in paths")
+    chosen_paths += list(repeats or ())
     chosen_passes = _check_choice(passes, PASSES, "passes")
     dev = check_device(device)
     if dtype not in (torch.float32, torch.float64):

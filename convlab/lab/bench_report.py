@@ -119,13 +119,25 @@ def aa_pair(rows: Sequence[Result]) -> tuple[Result, Result] | None:
     return None if other is None else (native, other)
 
 
+def all_aa_pairs(rows: Sequence[Result]) -> list[tuple[Result, Result]]:
+    """Every A/A pair among the rows of one (layer, pass): native and its forced twin
+    (:func:`aa_pair`) and each repeated path with the path it repeats
+    (``convlab.lab.paths.AA_REPEATS``), where both ran."""
+    pairs = [] if (pair := aa_pair(rows)) is None else [pair]
+    by_path = {r.path: r for r in rows}
+    pairs += [(by_path[path], by_path[repeat]) for repeat, path in registry.AA_REPEATS.items()
+              if repeat in by_path and path in by_path]
+    return pairs
+
+
 def aa_band(rows: Sequence[Result]) -> float:
-    """Noise band of one (layer, pass) from its A/A pair's per-round ratios alone
-    (NaN when the pair did not run). Verdicts use :func:`run_band`, pooled over every pair."""
-    pair = aa_pair(rows)
-    if pair is None:
+    """Noise band of one (layer, pass) from its A/A pairs' per-round ratios alone
+    (NaN when no pair ran). Verdicts use :func:`run_band`, pooled over every pair."""
+    pairs = [(a.timing, b.timing) for a, b in all_aa_pairs(rows)
+             if a.timing is not None and b.timing is not None]
+    if not pairs:
         return math.nan
-    return pooled_band([(pair[0].timing, pair[1].timing)])  # type: ignore[list-item]
+    return pooled_band(pairs)  # type: ignore[arg-type]
 
 
 def aa_pairs(results: Sequence[Result], pass_: str | None = None) -> list[tuple[Timing, Timing]]:
@@ -134,9 +146,9 @@ def aa_pairs(results: Sequence[Result], pass_: str | None = None) -> list[tuple[
                          if pass_ is None or r.pass_ == pass_)
     out = []
     for key in keys:
-        pair = aa_pair([r for r in results if (r.layer, r.pass_) == key])
-        if pair is not None and pair[0].timing is not None and pair[1].timing is not None:
-            out.append((pair[0].timing, pair[1].timing))
+        for a, b in all_aa_pairs([r for r in results if (r.layer, r.pass_) == key]):
+            if a.timing is not None and b.timing is not None:
+                out.append((a.timing, b.timing))
     return out
 
 

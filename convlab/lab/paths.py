@@ -31,6 +31,7 @@ the time.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -403,6 +404,10 @@ PATHS: tuple[Path, ...] = (
          cpu_only=True, supports=_numpy_supports),
 )
 PATH_NAMES: tuple[str, ...] = tuple(p.name for p in PATHS)
+# Second candidates of a path's kernel (an A/A pair of its own, beside native and its
+# forced twin), timed where a benchmark asks for them (``convlab.lab.bench.benchmark``'s
+# ``repeats``); not registered paths: repeat -> the path it repeats.
+AA_REPEATS: dict[str, str] = {"slow_aa": "slow"}
 # Forced twin of each ATen backend: native and its twin run the same kernel (an A/A pair).
 TWIN_OF_BACKEND: dict[str, str] = {
     "Mkldnn": "mkldnn", "MkldnnTranspose": "mkldnn", "Cudnn": "cudnn",
@@ -410,6 +415,17 @@ TWIN_OF_BACKEND: dict[str, str] = {
     **{name: "slow" for name in backends.SLOW_BACKENDS},
     "CudaDepthwise2d": "slow", "CudaDepthwise3d": "slow",
 }
+
+
+def repeat_path(name: str) -> Path:
+    """The second candidate ``name`` of :data:`AA_REPEATS` as a :class:`Path`: the path it
+    repeats under another name (``ValueError`` if ``name`` is not a repeat)."""
+    if name not in AA_REPEATS:
+        raise ValueError(f"paths: {name!r} is not a repeat; choose from "
+                         f"{', '.join(AA_REPEATS)}")
+    original = get_path(AA_REPEATS[name])
+    return dataclasses.replace(original, name=name, description=(
+        f"{original.name} again, a second candidate of the same kernel (its A/A twin)"))
 
 
 def get_path(name: str) -> Path:

@@ -9,12 +9,16 @@ Record JSON::
      "load": {"before": [1m, 5m, 15m], "after": [...]},
      "fingerprint": {...}, "sections": {"<name>": {...} | {"error": "<one line>"}},
      "section_meta": {"<name>": {"created": "...Z", "seconds": 12.3, "quick": false,
-                                 "clock": "wall"}},
+                                 "clock": "wall", "method": 2, "load": {...},
+                                 "processes": [...], "process_spread": {...}}},
      "mkl_cap": {"env": "AVX2", "path": "...", "default_path": "...", "changed": true},
      "clock": "wall"}
 
 ``section_meta``, ``mkl_cap`` and ``clock`` are optional (older records lack them; such a
-record's setting did not cap MKL, and it timed on the wall clock).
+record's setting did not cap MKL, and it timed on the wall clock). In ``section_meta``,
+``method`` (absent: 1), ``load`` (:func:`convlab.lab.method.cpu_load.between`),
+``processes`` and ``process_spread`` (:func:`convlab.lab.record.runner.add_replicates`) are
+optional too.
 
 Manifest JSON (``<machine-slug>.manifest.json``)::
 
@@ -126,6 +130,18 @@ def validate(data: object) -> list[str]:
     for name, meta in data.get("section_meta", {}).items():
         if not isinstance(meta, dict):
             problems.append(f"section_meta[{name!r}] must be an object")
+            continue
+        if "method" in meta and not (_is(meta["method"], int) and meta["method"] >= 1):
+            problems.append(f"section_meta[{name!r}].method must be a positive int")
+        load = meta.get("load")
+        if load is not None and not (isinstance(load, dict) and _is(load.get("quiet"), bool)):
+            problems.append(f"section_meta[{name!r}].load must be an object with a "
+                            "true/false 'quiet'")
+        spread = meta.get("process_spread")
+        if spread is not None and not (isinstance(spread, dict)
+                                       and set(spread) == {"ratio", "rate"}):
+            problems.append(f"section_meta[{name!r}].process_spread must be an object "
+                            "with 'ratio' and 'rate'")
     cap = data.get("mkl_cap")
     if cap is not None and not (isinstance(cap, dict) and set(cap) == set(MKL_CAP_KEYS)
                                 and _is(cap["changed"], (bool, type(None)))):

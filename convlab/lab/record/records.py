@@ -51,6 +51,22 @@ class Record:
         """The clock section ``name`` was timed on (``wall`` where the record says none)."""
         return str(self.section_meta.get(name, {}).get("clock", "wall"))
 
+    def section_method(self, name: str) -> int:
+        """The measurement method section ``name`` was taken under
+        (:data:`convlab.lab.record.runner.METHOD`; 1 where the record says none)."""
+        return int(self.section_meta.get(name, {}).get("method", 1))
+
+    def section_load(self, name: str) -> Mapping[str, Any] | None:
+        """The machine's load while section ``name`` ran
+        (:func:`convlab.lab.method.cpu_load.between`; None in older records)."""
+        return self.section_meta.get(name, {}).get("load")
+
+    def section_spread(self, name: str) -> Mapping[str, Any] | None:
+        """The between-process spread of section ``name``'s ratios and rates
+        (``{"ratio": ..., "rate": ...}``, :func:`convlab.lab.record.replicates.spread`);
+        None where it ran in one process."""
+        return self.section_meta.get(name, {}).get("process_spread")
+
     @property
     def mkl_capped(self) -> bool | None:
         """True where this setting capped MKL too (MKL's announced path changed under

@@ -36,8 +36,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from convlab.lab.method import isa_settings, machine, timing, verbose_probes
-from convlab.lab.record import record_schema, records
+from convlab.lab.method import cpu_load, isa_settings, machine, timing, verbose_probes
+from convlab.lab.record import record_schema, records, replicates
 from convlab.lab.sections import SECTIONS
 
 
@@ -93,12 +93,17 @@ def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
     for name in sections:
         start = time.perf_counter()
         print(f"records [{label}] {name} ...", file=sys.stderr, flush=True)
+        before = cpu_load.snapshot()
         data[name] = run_section(name, quick)
+        load = cpu_load.between(before, cpu_load.snapshot())
         seconds = round(time.perf_counter() - start, 1)
         meta[name] = {"created": _now(), "seconds": seconds, "quick": quick,
-                      "clock": "wall" if name == "roofline" else clock}
+                      "clock": "wall" if name == "roofline" else clock,
+                      "method": METHOD, "load": load}
         status = data[name].get("error", "ok")
-        print(f"records [{label}] {name}: {status} ({seconds} s)", file=sys.stderr, flush=True)
+        busy = "" if load["quiet"] else f"; NOT QUIET: {load['why']}"
+        print(f"records [{label}] {name}: {status} ({seconds} s{busy})", file=sys.stderr,
+              flush=True)
     record = {
         "schema": record_schema.SCHEMA, "isa": label, "env": setting.env, "created": _now(),
         "quick": quick,
@@ -107,6 +112,31 @@ def child(label: str, sections: Sequence[str], quick: bool, out: Path) -> int:
     }
     out.write_text(json.dumps(_clean(record), indent=1, allow_nan=False) + "\n")
     return 0
+
+
+def add_replicates(first: dict[str, Any], others: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Store in ``first`` (a child's record) the between-process spread of each timed
+    section: ``section_meta[name]["processes"]`` holds every process's headline numbers
+    (:func:`convlab.lab.record.replicates.headline`, ``first``'s own first), its seconds and
+    its machine load; ``["process_spread"]`` the spread of the ratios and of the rates
+    (:func:`convlab.lab.record.replicates.spread`, without the per-key values). A section
+    that raised in any process gets no spread. ``others``: records of the same setting
+    from later fresh processes."""
+    for name in first["sections"]:
+        runs = [first, *(o for o in others if name in o.get("sections", {}))]
+        if name not in replicates.TIMED or len(runs) < 2 \
+                or any("error" in r["sections"][name] for r in runs):
+            continue
+        meta = first["section_meta"][name]
+        meta["processes"] = [
+            {"headline": replicates.headline(r["sections"][name]),
+             "seconds": r["section_meta"][name]["seconds"],
+             "load": r["section_meta"][name].get("load")} for r in runs]
+        heads = [p["headline"] for p in meta["processes"]]
+        meta["process_spread"] = {
+            kind: {k: v for k, v in replicates.spread(heads, kind).items() if k != "per_key"}
+            for kind in ("ratio", "rate")}
+    return first
 
 
 def merge(old: Mapping[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
@@ -155,6 +185,13 @@ def attach_derived(record: dict[str, Any]) -> dict[str, Any]:
 # module's importers set up (e.g. a site's extra sections) holds in the child too.
 CHILD = "import sys; from convlab.lab.record.runner import main; sys.exit(main(sys.argv[1:]))"
 SKIPPED = 3  # the child's exit status when its setting could not be verified
+# The measurement method a section was taken under, stored per section. 2: every timed
+# family has an A/A pair and >= 7 rounds, the timed sections run in >= 3 fresh processes
+# (their spread stored beside the within-run band), the machine's load and steal stored per
+# section. Sections without the key were taken under method 1 (no between-process spread,
+# no slow-path A/A pair in the suite, 5-6 rounds in some sections, load per record only).
+METHOD = 2
+PROCESSES = 3  # fresh processes per ISA setting for the timed sections (make records)
 
 
 def _old_record(target: Path, slug: str, label: str) -> tuple[dict[str, Any] | None, str]:
@@ -183,8 +220,23 @@ def _beside(target: Path) -> Path:
     return path
 
 
+def _run_child(label: str, sections: Sequence[str], quick: bool, env: Mapping[str, str]
+               ) -> tuple[int, dict[str, Any] | None]:
+    """One fresh child process of setting ``label``: (its exit status, its record or the
+    ``{"skipped": reason}`` it wrote, None when it wrote nothing)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "record.json"
+        cmd = [sys.executable, "-c", CHILD, "--child", label,
+               "--sections", ",".join(sections), "--out", str(out)]
+        if quick:
+            cmd.append("--quick")
+        code = subprocess.run(cmd, env=dict(env), check=False).returncode
+        return code, json.loads(out.read_text()) if out.exists() else None
+
+
 def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = None,
-            directory: Path | None = None, clock: str = "wall") -> int:
+            directory: Path | None = None, clock: str = "wall",
+            processes: int = PROCESSES) -> int:
     """Run every offered ISA setting (or those in ``isas``) in fresh processes; write files.
 
     A setting whose cap cannot be verified is skipped and its reason written into the
@@ -194,9 +246,14 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
     (``<record>.json.<time>.new``) so that no measurement is lost, and the other settings
     still run (exit status 1; :func:`~convlab.lab.record.records.load_records` refuses the
     folder until it is resolved). ``clock`` (``wall`` or ``cpu``) is the clock the
-    children time on (``CONVLAB_CLOCK`` in their environment).
+    children time on (``CONVLAB_CLOCK`` in their environment). The timed sections
+    (:data:`convlab.lab.record.replicates.TIMED`) run in ``processes`` fresh processes
+    per setting, the first of which runs every section and is the one stored in full
+    (:func:`add_replicates`).
     """
     clock = timing.check_clock(clock)
+    if isinstance(processes, bool) or not isinstance(processes, int) or processes < 1:
+        raise ValueError(f"processes must be a positive int, got {processes!r}")
     settings = isa_settings.available_settings()
     if isas:
         settings = [s for s in settings if s.label in isas]
@@ -215,24 +272,28 @@ def run_all(sections: Sequence[str], quick: bool, isas: Sequence[str] | None = N
         if old_problem:
             print(f"records: will not merge into {target.name}: {old_problem}", flush=True)
         env = {**os.environ, **setting.env, timing.CLOCK_ENV: clock}
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "record.json"
-            cmd = [sys.executable, "-c", CHILD, "--child", setting.label,
-                   "--sections", ",".join(sections), "--out", str(out)]
-            if quick:
-                cmd.append("--quick")
-            code = subprocess.run(cmd, env=env, check=False).returncode
-            if code == SKIPPED and out.exists():
-                reason = json.loads(out.read_text())["skipped"]
-                path = records.note_skipped(slug, setting.label, reason, folder)
-                print(f"records: {setting.label} skipped (reason in {path.name})", flush=True)
+        code, new = _run_child(setting.label, sections, quick, env)
+        if code == SKIPPED and new is not None:
+            path = records.note_skipped(slug, setting.label, new["skipped"], folder)
+            print(f"records: {setting.label} skipped (reason in {path.name})", flush=True)
+            continue
+        if code or new is None:
+            print(f"records: {setting.label} failed (exit {code}); no file written",
+                  flush=True)
+            status = 1
+            continue
+        timed = [n for n in sections if n in replicates.TIMED]
+        others = []
+        for k in range(2, processes + 1 if timed else 1):
+            print(f"records: {setting.label}: fresh process {k} of {processes} "
+                  f"({', '.join(timed)})", flush=True)
+            code, again = _run_child(setting.label, timed, quick, env)
+            if code or again is None or "sections" not in again:
+                print(f"records: {setting.label}: process {k} failed (exit {code}); "
+                      "its spread is left out", flush=True)
                 continue
-            if code or not out.exists():
-                print(f"records: {setting.label} failed (exit {code}); no file written",
-                      flush=True)
-                status = 1
-                continue
-            new = json.loads(out.read_text())
+            others.append(again)
+        add_replicates(new, others)
         new["mkl_cap"] = isa_settings.mkl_cap(setting, new["fingerprint"], default_mkl_path)
         written = _write_merged(target, old, old_problem, new)
         status = max(status, 0 if written == target else 1)
@@ -296,12 +357,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--clock", default="wall", choices=sorted(timing.CLOCKS),
                         help="time elapsed seconds (wall) or the process's CPU seconds "
                         "(cpu, for a busy machine); the roofline always times the wall")
+    parser.add_argument("--processes", type=int, default=PROCESSES,
+                        help="fresh processes per setting for the timed sections "
+                        f"(default {PROCESSES}; the first runs every section)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--out", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(list(argv) if argv is not None else None)
     try:
         sections = parse_sections(args.sections)
         isas = [i for i in args.isa.replace(",", " ").split() if i]
+        if args.processes < 1:
+            raise ValueError(f"processes must be at least 1, got {args.processes}")
         bad = [i for i in isas if i not in isa_settings.ISA_ORDER]
         if bad:
             raise ValueError(f"isa: unknown {', '.join(bad)}; choose from "
@@ -312,7 +378,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         return child(args.child, sections, args.quick, Path(args.out))
     return run_all(sections, args.quick, isas or None,
-                   Path(args.dir) if args.dir else None, args.clock)
+                   Path(args.dir) if args.dir else None, args.clock, args.processes)
 
 
 if __name__ == "__main__":  # pragma: no cover

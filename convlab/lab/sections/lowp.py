@@ -36,7 +36,7 @@ from convlab.lab.paths import Layer, NotApplicable
 from convlab.lab.sections.impls import conv_impls
 from convlab.lab.sections.suite import run_candidates, timing_dict
 
-FULL = {"rounds": 6, "min_calls": 5, "min_run_time": 0.05}
+FULL = {"rounds": 7, "min_calls": 5, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 2, "min_run_time": 0.01}
 FULL_LAYERS = ("resnet14", "cifar5", "depthwise")
 QUICK_LAYERS = ("cifar5",)

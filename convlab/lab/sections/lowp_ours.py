@@ -13,7 +13,8 @@ Two interleaved runs (:func:`convlab.lab.method.timing.interleaved`), each per r
   channels, 32x32, 3x3).
 
 Per row: the median time, its ratio to the float32 row of the same candidate (median of
-per-round ratios), and the accuracy ``max |g - g64| / max |g64|`` against float64 from the
+per-round ratios) with its verdict against the run's A/A band (the first float32
+candidate timed twice), and the accuracy ``max |g - g64| / max |g64|`` against float64 from the
 same rounded inputs (the arithmetic's error, as in :mod:`convlab.lab.sections.lowp`).
 """
 
@@ -34,11 +35,12 @@ from convlab.scratch.per_sample import ROUTES, per_sample_weight_grad
 
 __all__ = ["record"]
 
-FULL = {"rounds": 5, "min_calls": 3, "min_run_time": 0.05}
+FULL = {"rounds": 7, "min_calls": 3, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 1, "min_run_time": 0.005}
 LAYERS = ("cifar5", "resnet14")
 QUICK_LAYERS = ("cifar5",)
 MASK = [True, True, False]
+AA_SUFFIX = " (A/A)"  # the first float32 candidate of each run, timed twice: its A/A pair
 
 
 def _error(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> float:
@@ -89,15 +91,31 @@ def _per_sample_fns(name: str) -> tuple[dict, dict]:
     return fns, errors
 
 
-def _rows(timings: dict[str, timing.Timing], errors: dict[str, float],
+def _with_twin(fns: dict[str, Callable[[], object]]) -> dict[str, Callable[[], object]]:
+    """``fns`` plus its first float32 candidate again, under ``<name> (A/A)``."""
+    first = next(k for k in fns if k.endswith(" float32"))
+    return {**fns, first + AA_SUFFIX: fns[first]}
+
+
+def _band(timings: dict[str, timing.Timing]) -> float:
+    """The run's A/A band (:func:`_with_twin`'s pair)."""
+    twin = next(k for k in timings if k.endswith(AA_SUFFIX))
+    return timing.noise_band(timings[twin], timings[twin.removesuffix(AA_SUFFIX)])
+
+
+def _rows(timings: dict[str, timing.Timing], errors: dict[str, float], band: float,
           ) -> list[dict[str, Any]]:
-    """One row per ``"<candidate> <dtype>"``, its time over the candidate's float32 one."""
+    """One row per ``"<candidate> <dtype>"``: its time over the candidate's float32 one,
+    with the verdict against the run's A/A ``band`` (float32 rows: 1, no verdict)."""
     rows = []
     for key, t in timings.items():
+        if key.endswith(AA_SUFFIX):
+            continue
         what, dtype = key.rsplit(" ", 1)
-        base = timings[f"{what} float32"]
+        ratios = timing.round_ratios(t, timings[f"{what} float32"])
+        verdict = timing.verdict_of(ratios, band).verdict if dtype != "float32" else "-"
         rows.append({"candidate": what, "dtype": dtype, "median_s": t.median,
-                     "over_float32": statistics.median(timing.round_ratios(t, base)),
+                     "over_float32": statistics.median(ratios), "verdict": verdict,
                      "max_rel_error": errors[key]})
     return rows
 
@@ -116,16 +134,19 @@ def record(quick: bool = False) -> dict[str, Any]:
             fns.update(f)
             around.update(a)
             errors.update(e)
+    fns = _with_twin(fns)
+    around.update({k + AA_SUFFIX: a for k, a in around.items() if k + AA_SUFFIX in fns})
     reference = timing.interleaved(fns, around=around, **cfg)
     fns, errors_ps = {}, {}
     for name in names:
         f, e = _per_sample_fns(name)
         fns.update(f)
         errors_ps.update(e)
-    per_sample = timing.interleaved(fns, threads=1, **cfg)
+    per_sample = timing.interleaved(_with_twin(fns), threads=1, **cfg)
     return {"method": {**cfg, "threads": torch.get_num_threads(), "per_sample_threads": 1,
                        "error": lowp.ERROR_TEXT,
                        "per_sample_layer": list(per_sample_timing.LAYER)},
             "support": supported,
-            "reference": _rows(reference, errors),
-            "per_sample": _rows(per_sample, errors_ps)}
+            "aa_band": {"reference": _band(reference), "per_sample": _band(per_sample)},
+            "reference": _rows(reference, errors, _band(reference)),
+            "per_sample": _rows(per_sample, errors_ps, _band(per_sample))}

@@ -22,7 +22,7 @@ from convlab.lab.method.timing import aa_band, blas_threads, interleaved, round_
 from convlab.lab.paths import Layer, flops, min_bytes
 from convlab.lab.sections.suite import timing_dict, verdict_dict
 
-FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05}
+FULL = {"rounds": 7, "min_calls": 20, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 3, "min_run_time": 0.01}
 LAYERS: tuple[Layer, ...] = (
     paths.suite_layers(["cifar5"])[0],

@@ -44,6 +44,9 @@ QUICK_GRID: dict[str, tuple[int, ...]] = {
     "channels_per_group": (1, 16), "n": (8,), "kernel": (3,), "threads": (1,),
 }
 SIZE = 16
+ROUNDS = 7
+#: The auto route timed a second time in the same run: each point's A/A pair.
+AA = "auto (A/A)"
 
 
 def layer(channels_per_group: int, n: int, kernel: int, seed: int = 0
@@ -59,7 +62,9 @@ def layer(channels_per_group: int, n: int, kernel: int, seed: int = 0
 def point(channels_per_group: int, n: int, kernel: int, threads: int,
           quick: bool = False) -> dict[str, object]:
     """One grid point: median seconds per route, the fastest, the auto choice and its
-    ratio to the fastest (1.0 when it is the fastest); in the same interleaved run the
+    ratio to the fastest (1.0 when it is the fastest; per round too), the per-round
+    ratios of the auto route timed twice (``aa_per_round``, its A/A pair); in the same
+    interleaved run the
     peers of :func:`convlab.lab.sections.per_sample_timing.peer_routes` (``peers``: seconds, or
     "not installed"), the forward alone (``forward_s``, for ExpandedWeights, which runs
     it too), and the peak MiB allocated by one call of each route and peer
@@ -74,18 +79,21 @@ def point(channels_per_group: int, n: int, kernel: int, threads: int,
     missing = {name: fn for name, fn in peers.items() if isinstance(fn, str)}
     fns.update({name: fn for name, fn in peers.items() if not isinstance(fn, str)})
     fns["conv forward"] = lambda: F.conv2d(x, w, padding=kernel // 2, groups=groups)
-    t = timing.interleaved(fns, rounds=3 if quick else 5, min_run_time=0.005 if quick
+    auto = choose_method(n, size[1], size[2:], torch.float32, threads=threads,
+                         groups=groups)
+    fns[AA] = lambda: per_sample_weight_grad(x, size, go, 1, kernel // 2, 1, groups,
+                                             method=auto)
+    t = timing.interleaved(fns, rounds=3 if quick else ROUNDS, min_run_time=0.005 if quick
                            else 0.02, threads=threads, min_calls=1 if quick else 3)
     seconds = {m: t[m].median for m in ROUTES}
     fastest = min(seconds, key=seconds.__getitem__)
-    auto = choose_method(n, size[1], size[2:], torch.float32, threads=threads,
-                         groups=groups)
     ratios = timing.round_ratios(t[auto], t[fastest])
     peaks = {name: measure_memory(fn)[0] / 2**20 for name, fn in fns.items()
-             if name != "conv forward"}
+             if name not in ("conv forward", AA)}
     return {"channels_per_group": channels_per_group, "n": n, "kernel": kernel,
             "threads": threads, "seconds": seconds, "fastest": fastest, "auto": auto,
-            "auto_over_fastest": statistics.median(ratios),
+            "auto_over_fastest": statistics.median(ratios), "auto_over_fastest_per_round": ratios,
+            "aa_per_round": timing.round_ratios(t[AA], t[auto]),
             "peers": {name: missing.get(name, t[name].median if name in t else None)
                       for name in peers},
             "forward_s": t["conv forward"].median, "peak_mib": peaks}
@@ -221,8 +229,20 @@ def against_scratch(section: dict[str, Any]) -> dict[str, Any]:
             "peak": geomean(peak) if peak else None}
 
 
+def auto_verdicts(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """The sweep's A/A band (every point's A/A per-round ratios pooled) and, per verdict of
+    the auto route against the fastest (:func:`convlab.lab.method.timing.verdict_of`;
+    "fastest" where the auto route is the fastest), how many points have it."""
+    band = timing.band_from_ratios([r for p in points for r in p["aa_per_round"]])
+    verdicts = [timing.verdict_of(p["auto_over_fastest_per_round"], band).verdict
+                if p["auto"] != p["fastest"] else "fastest" for p in points]
+    return {"aa_band": band, "verdicts": {v: verdicts.count(v) for v in sorted(set(verdicts))}}
+
+
 def record(quick: bool = False) -> dict[str, object]:
-    """The ``per_sample_auto`` record section: the sweep, the block it ran with and the
-    auto route's worst ratio to the fastest route."""
+    """The ``per_sample_auto`` record section: the sweep, the block it ran with, the auto
+    route's worst ratio to the fastest route, the sweep's pooled A/A band and the auto
+    route's verdicts against the fastest (:func:`auto_verdicts`)."""
     points = sweep(quick)
-    return {"block": onednn_block(), "size": SIZE, "points": points, "worst": worst(points)}
+    return {"block": onednn_block(), "size": SIZE, "rounds": 3 if quick else ROUNDS,
+            "points": points, "worst": worst(points), **auto_verdicts(points)}

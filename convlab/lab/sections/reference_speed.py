@@ -32,7 +32,7 @@ from convlab.lab.paths import Layer, flops, min_bytes
 from convlab.lab.sections.suite import FULL_LAYERS, timing_dict, verdict_dict
 from convlab.scratch import reference
 
-FULL = {"rounds": 6, "min_calls": 5, "min_run_time": 0.05}
+FULL = {"rounds": 7, "min_calls": 5, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 2, "min_run_time": 0.01}
 QUICK_LAYERS = ("cifar5", "depthwise", "conv1d")
 PROFILE_LAYERS = ("resnet14", "mid3x3")

@@ -11,6 +11,12 @@
   available memory, the record says when that bound was hit), GB/s counted as STREAM does
   (2 and 3 arrays moved per element; write-allocate traffic not counted), at 1 thread and
   at all of them.
+* **Theoretical peak** beside the measured GEMM ceiling: FMA pipes x float32 lanes x 2 x the
+  clock the kernel reports, per thread count, for the ISA setting of this process
+  (:mod:`convlab.lab.method.fma_peak`, with every input so the number can be audited, or
+  why it is not modelled), and the measured ceiling's fraction of it (above 1 where the
+  cores run faster than the reported clock).
+* **Sizes**: the GEMM's n and bytes per matrix, the STREAM arrays' elements and bytes.
 
 :func:`fractions` places each path of the ``suite`` section on the roofline: its GFLOP/s
 as a fraction of the peak, its GB/s as a fraction of the triad bandwidth, and its share of
@@ -21,16 +27,17 @@ the memory line, not the peak.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
-from convlab.lab.method import machine
+from convlab.lab.method import fma_peak, machine
 from convlab.lab.method.timing import interleaved
 from convlab.lab.sections.suite import thread_counts, timing_dict
 
-FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05, "gemm_n": 1024, "stream_log2": 24,
+FULL = {"rounds": 7, "min_calls": 20, "min_run_time": 0.05, "gemm_n": 1024, "stream_log2": 24,
         "llc_multiple": 4}
 # quick runs are smoke runs: their arrays are not sized from the cache
 QUICK = {"rounds": 3, "min_calls": 3, "min_run_time": 0.01, "gemm_n": 512, "stream_log2": 23,
@@ -81,8 +88,33 @@ def stream_elements(minimum: int, llc: int | None, multiple: int,
     return elements, {"llc_bytes": llc, "array_over_llc": over, "capped_by_memory": capped}
 
 
+def theoretical(ceiling: Mapping[str, float], counts: Sequence[int]) -> dict[str, Any]:
+    """This process's theoretical float32 peak (:func:`~convlab.lab.method.fma_peak.
+    peak_and_reason` under its ISA setting) at each thread count in ``counts``, and the
+    measured GEMM ``ceiling`` (GFLOP/s by thread count) as a fraction of it; where no
+    peak is modelled, ``reason`` says why and the rates are None."""
+    fp = fma_peak.host_fingerprint()
+    label = fma_peak.process_isa_label(os.environ, set(fp["isa_flags"]))
+    out: dict[str, Any] = {"isa": label, "reason": None, "model": None, "gflops": None,
+                           "cores": None, "measured_over_peak": None}
+    if label is None:
+        return {**out, "reason": "not modelled: the ISA environment matches no setting"}
+    found = {str(k): fma_peak.peak_and_reason(fp, label, k) for k in counts}
+    reasons = [why for _, why in found.values() if why]
+    if reasons:
+        return {**out, "reason": reasons[0]}
+    peaks = {k: p for k, (p, _) in found.items() if p is not None}
+    per_count = ("threads", "cores", "gflops")
+    model = {k: v for k, v in peaks[str(max(counts))].items() if k not in per_count}
+    return {**out, "model": model,
+            "gflops": {k: p["gflops"] for k, p in peaks.items()},
+            "cores": {k: p["cores"] for k, p in peaks.items()},
+            "measured_over_peak": {k: ceiling[k] / p["gflops"] for k, p in peaks.items()}}
+
+
 def record(quick: bool = False) -> dict[str, Any]:
-    """Peak GFLOP/s and STREAM GB/s at 1 and all threads (module docstring)."""
+    """Peak GFLOP/s, the theoretical peak beside it and STREAM GB/s at 1 and all threads,
+    with the array sizes (module docstring)."""
     cfg = QUICK if quick else FULL
     counts = thread_counts()
     n = cfg["gemm_n"]
@@ -116,8 +148,11 @@ def record(quick: bool = False) -> dict[str, Any]:
         "method": {**cfg, "threads": counts, "clock": "wall",
                    "stream_bytes": "copy 8 B, triad 12 B per element (STREAM's count; "
                    "write-allocate not counted)",
-                   "array_mib": 4 * elements / 2**20, **sizing},
+                   "array_mib": 4 * elements / 2**20, "stream_elements": elements,
+                   "stream_array_bytes": 4 * elements, "gemm_matrix_bytes": 4 * n * n,
+                   **sizing},
         "gemm": gemm, "stream": stream, "peak_gflops": peak, "peak_from": best,
+        "theoretical_peak": theoretical(peak, counts),
         "triad_gbytes_s": bandwidth,
         "copy_gbytes_s": {str(k): stream["copy"][str(k)]["gbytes_s"] for k in counts},
     }

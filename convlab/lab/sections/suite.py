@@ -42,7 +42,7 @@ from convlab.lab.method.timing import (
 )
 from convlab.lab.paths import Layer, NotApplicable, flops, min_bytes
 
-FULL = {"rounds": 6, "min_calls": 20, "min_run_time": 0.05}
+FULL = {"rounds": 7, "min_calls": 20, "min_run_time": 0.05}
 QUICK = {"rounds": 3, "min_calls": 2, "min_run_time": 0.01}
 QUICK_LAYERS = ("cifar5", "depthwise", "conv1d")
 # resnet56, resnet28 and resnet14 have the same MACs (ResNet's stages trade H*W for
@@ -50,8 +50,9 @@ QUICK_LAYERS = ("cifar5", "depthwise", "conv1d")
 # times all three).
 FULL_LAYERS = tuple(layer.name for layer in paths.SUITE
                     if layer.name not in ("resnet56", "resnet28"))
-# Layers whose ``native`` path is timed too, against its forced twin: the A/A pairs whose
-# per-round ratios, pooled, give the band (small to big, so the band covers both).
+# Layers whose ``native`` path is timed too, against its forced twin, and the slow path
+# twice (``slow_aa``): the A/A pairs whose per-round ratios, pooled, give the band (small to
+# big, so the band covers both; both backends, so it sees the slow path's noise too).
 AA_LAYERS = ("cifar5", "depthwise", "conv1d", "grouped", "dilated")
 SPLIT_LAYERS = ("resnet14", "depthwise")
 QUICK_SPLIT = ("depthwise",)
@@ -105,16 +106,20 @@ def run_candidates(candidates: Mapping[str, tuple[paths.Path, Callable[[], objec
                        min_calls=cfg["min_calls"], around=around, threads=threads)
 
 
-def _main(layers: Sequence[Layer], cfg: Mapping[str, Any]) -> tuple[list[dict], float, int]:
+def _main(layers: Sequence[Layer], cfg: Mapping[str, Any]
+          ) -> tuple[list[dict], float, int, dict[str, float]]:
     report = bench_report.Report()
     for layer in layers:
-        chosen = ["native", "mkldnn", "slow"] if layer.name in AA_LAYERS else ["mkldnn", "slow"]
+        aa = layer.name in AA_LAYERS
+        chosen = ["native", "mkldnn", "slow"] if aa else ["mkldnn", "slow"]
         bench.benchmark([layer], paths=chosen, passes=["backward"], device="cpu",
+                        repeats=["slow_aa"] if aa else None,
                         memory=False, gemm=False, rounds=cfg["rounds"],
                         min_run_time=cfg["min_run_time"], min_calls=cfg["min_calls"],
                         report=report)
     pairs = bench_report.aa_pairs(report.results)
     band = aa_band(pairs)
+    by_family: dict[str, list[tuple[Timing, Timing]]] = {}
     rows = []
     for layer in layers:
         res = {r.path: r for r in report.results if r.layer == layer.name}
@@ -129,11 +134,15 @@ def _main(layers: Sequence[Layer], cfg: Mapping[str, Any]) -> tuple[list[dict], 
         if "mkldnn" in res and "slow" in res:
             row["slow_over_onednn"] = verdict_dict(
                 verdict_of(round_ratios(res["slow"].timing, res["mkldnn"].timing), band))
-        pair = bench_report.aa_pair(list(res.values()))
-        if pair is not None:
-            row["aa_per_round"] = round_ratios(pair[0].timing, pair[1].timing)
+        aa = bench_report.all_aa_pairs(list(res.values()))
+        if aa:
+            row["aa_per_round"] = [v for a, b in aa for v in round_ratios(a.timing, b.timing)]
+            row["aa_pairs"] = [f"{a.path} / {b.path} ({a.backend})" for a, b in aa]
+        for a, b in aa:
+            by_family.setdefault("slow" if a.path == "slow" else a.backend, []).append(
+                (a.timing, b.timing))
         rows.append(row)
-    return rows, band, len(pairs)
+    return rows, band, len(pairs), {k: aa_band(v) for k, v in by_family.items()}
 
 
 def _summary(rows: Sequence[dict]) -> dict[str, Any]:
@@ -286,7 +295,7 @@ def record(quick: bool = False) -> dict[str, Any]:
     """The ``suite`` section (module docstring); ``quick``: fewer layers, rounds and calls."""
     cfg = QUICK if quick else FULL
     layers = paths.suite_layers(list(QUICK_LAYERS if quick else FULL_LAYERS))
-    rows, band, n_pairs = _main(layers, cfg)
+    rows, band, n_pairs, family_bands = _main(layers, cfg)
     out: dict[str, Any] = {
         "method": {**cfg, "seed": 0, "text": METHOD_TEXT, "threads": torch.get_num_threads(),
                    "clock": default_clock()},
@@ -294,6 +303,9 @@ def record(quick: bool = False) -> dict[str, Any]:
         "bytes_formula": "min_bytes: every operand read once, every result written once",
         "aa_band": band, "aa_pairs": n_pairs, "aa_layers": [n for n in AA_LAYERS if any(
             r["layer"] == n for r in rows)],
+        # each family's own band (pooled over its pairs alone): oneDNN's backend name for
+        # native against forced oneDNN, "slow" for the slow path timed twice
+        "aa_band_by_family": family_bands,
         "layers_note": "resnet56/resnet28 not timed: same MACs as resnet14" if not quick
         else "quick: a subset of the layers",
         "layers": rows, "summary": _summary(rows),

@@ -176,8 +176,9 @@ def machine_page(slug: str, recs: list[Any]) -> str:
     lines += ["", "## How the records were taken", "",
               "Per timed section: the method (the earlier one ran each section in one "
               "process), the within-run A/A band (two candidates of the same kernel inside "
-              "one process), the between-process spread of the section's ratios (the same "
-              "section in fresh processes) and how busy the machine was while it ran.", ""]
+              "one process), the between-process spread of the section's ratios (of its "
+              "GF/s where it has no ratio; the same section in fresh processes) and how "
+              "busy the machine was while it ran.", ""]
     lines += render([("obj", record_method.taken_table(recs))])
     for chapter in CHAPTERS:
         title, sections = chapter_sections(chapter, recs)

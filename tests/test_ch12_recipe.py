@@ -134,17 +134,14 @@ def test_dropin_compiles_fullgraph_with_inductor(tmp_path: Path,
     # reused under `make test`'s low ISA setting and did not compile ("at::vec has not
     # been declared").
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))
-    from convlab.lab.claims.core import _flush_denormal_on
+    from convlab.lab.claims.core import kept_flags
 
-    before = _flush_denormal_on()
-    try:
+    # Inductor in torch 2.4 and 2.5 builds its kernels with -ffast-math: loading one turns
+    # on flush-to-zero in this thread (make compat on 2.5.1: a later ULP test in the same
+    # worker got 2**1023 for an infinite error). kept_flags puts that flag back, and every
+    # other process flag a compiled kernel might change.
+    with kept_flags():
         _compiled_matches("inductor")
-    finally:
-        # Inductor in torch 2.4 and 2.5 builds its kernels with -ffast-math: loading one
-        # turns on flush-to-zero in this thread (make compat on 2.5.1: a later ULP test
-        # in the same worker got 2**1023 for an infinite error).
-        if _flush_denormal_on() != before:
-            torch.set_flush_denormal(before)
 
 
 def test_a_class_built_per_call_breaks_fullgraph_until_cached() -> None:

@@ -33,10 +33,12 @@ def test_headline_finds_verdicts_named_ratios_and_rates():
 
 
 def test_spread_separates_ratios_from_rates():
-    heads = [{"r": 1.0, "x/gflops": 100.0, "only_here": 2.0}, {"r": 1.2, "x/gflops": 90.0},
-             {"r": 1.1, "x/gflops": 95.0}]
+    heads = [{"r": 1.0, "x/gflops": 100.0, "only_here": 2.0, "itself": 1.0},
+             {"r": 1.2, "x/gflops": 90.0, "itself": 1.0},
+             {"r": 1.1, "x/gflops": 95.0, "itself": 1.0}]
     ratio = replicates.spread(heads, "ratio")
-    assert ratio["keys"] == 1 and ratio["max"] == pytest.approx(0.2)  # only_here is not shared
+    # only_here is not shared; itself is 1 in every process (a candidate over itself)
+    assert ratio["keys"] == 1 and ratio["max"] == pytest.approx(0.2)
     assert ratio["max_key"] == "r" and ratio["processes"] == 3
     rate = replicates.spread(heads, "rate")
     assert rate["max"] == pytest.approx(100 / 90 - 1) and rate["median"] == rate["max"]
@@ -81,4 +83,7 @@ def test_taken_table_labels_both_noise_figures_and_the_load(tmp_path):
     assert rows["dpsgd"][2:] == ["earlier (one process)", "20%",
                                  "3 processes (its own): max 10%", "not stored"]
     assert "within-run A/A band" in table.headers
-    assert "between-process spread of its ratios" in table.headers
+    assert "between-process spread" in table.headers
+    rates = {"ratio": {"median": None}, "rate": {"processes": 3, "median": 0.05, "max": 0.1}}
+    assert record_method.spread_text(rates) == "3 processes: median 5%, max 10% of the GF/s"
+    assert record_method.spread_text(None) == "-"

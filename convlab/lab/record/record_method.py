@@ -58,17 +58,20 @@ def load_text(load: Mapping[str, Any] | None) -> str:
 
 
 def spread_text(spread: Mapping[str, Any] | None) -> str:
-    """E.g. ``3 processes: median 4%, max 12%`` for the ratios, ``-`` when not stored."""
-    ratio = (spread or {}).get("ratio") or {}
-    if ratio.get("median") is None:
-        return "-"
-    return (f"{ratio['processes']} processes: median {_pct(ratio['median'])}, "
-            f"max {_pct(ratio['max'])}")
+    """E.g. ``3 processes: median 4%, max 12%`` for the ratios (for the GF/s rates, so
+    labelled, in a section without ratios, such as the roofline); ``-`` when not stored."""
+    for kind, label in (("ratio", ""), ("rate", " of the GF/s")):
+        part = (spread or {}).get(kind) or {}
+        if part.get("median") is not None:
+            return (f"{part['processes']} processes: median {_pct(part['median'])}, "
+                    f"max {_pct(part['max'])}{label}")
+    return "-"
 
 
 def taken_table(recs: Sequence[Any]) -> Table:
     """One row per timed section of each record (:class:`convlab.lab.record.records.Record`):
-    method, within-run A/A band, between-process spread of the ratios, machine load."""
+    method, within-run A/A band, between-process spread of the ratios (:func:`spread_text`),
+    machine load."""
     rows = []
     for rec in recs:
         for name in SECTIONS:
@@ -85,5 +88,5 @@ def taken_table(recs: Sequence[Any]) -> Table:
                          else spread_text(rec.section_spread(name)),
                          load_text(rec.section_load(name))])
     return Table(["setting", "section", "method", "within-run A/A band",
-                  "between-process spread of its ratios", "machine while it ran"], rows,
+                  "between-process spread", "machine while it ran"], rows,
                  caption="How each timed section was taken")

@@ -85,8 +85,9 @@ def spread(processes: Sequence[Mapping[str, float]], kind: str = "ratio") -> dic
     """Across ``processes`` (one :func:`headline` each): per key of ``kind`` (``"ratio"``
     or ``"rate"``, :func:`is_rate`) present in all of them the relative spread
     ``max / min - 1``; summarised as ``median`` and ``max`` (with its ``max_key``) over the
-    keys, ``keys`` and ``processes`` counted. ``median`` and ``max`` are None with fewer
-    than two processes or no shared key."""
+    keys, ``keys`` and ``processes`` counted; a key that is exactly 1 in every process is
+    left out (a candidate over itself). ``median`` and ``max`` are None with fewer than
+    two processes or no shared key."""
     if isinstance(processes, Mapping) or not all(isinstance(p, Mapping) for p in processes):
         raise TypeError("processes must be a sequence of headline() mappings")
     if kind not in ("ratio", "rate"):
@@ -94,6 +95,9 @@ def spread(processes: Sequence[Mapping[str, float]], kind: str = "ratio") -> dic
     shared = {k for k in processes[0] if is_rate(k) == (kind == "rate")} if processes else set()
     for p in processes[1:]:
         shared &= set(p)
+    # A ratio that is exactly 1 in every process is a candidate over itself (the baseline's
+    # own row, or the auto route where it is the fastest): an identity, not a measurement.
+    shared = {k for k in shared if any(p[k] != 1.0 for p in processes)}
     per_key = {k: max(p[k] for p in processes) / min(p[k] for p in processes) - 1
                for k in sorted(shared)} if len(processes) > 1 else {}
     if not per_key:

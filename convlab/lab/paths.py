@@ -418,7 +418,7 @@ TWIN_OF_BACKEND: dict[str, str] = {
 
 
 def repeat_path(name: str) -> Path:
-    """The second candidate ``name`` of :data:`AA_REPEATS` as a :class:`Path`: the path it
+    """The second candidate ``name`` of ``AA_REPEATS`` as a :class:`Path`: the path it
     repeats under another name (``ValueError`` if ``name`` is not a repeat)."""
     if name not in AA_REPEATS:
         raise ValueError(f"paths: {name!r} is not a repeat; choose from "

@@ -194,7 +194,7 @@ def _is_host(fp: Mapping[str, Any]) -> bool:
 
 def process_isa_label(environ: Mapping[str, str], flags: set[str]) -> str | None:
     """The ISA setting a process runs under: the one whose environment ``environ`` holds
-    (:data:`~convlab.lab.method.isa_settings.ISA_SETTINGS`), or with none of the ISA
+    (``convlab.lab.method.isa_settings.ISA_SETTINGS``), or with none of the ISA
     variables set the widest setting a CPU with ``flags`` offers; None when the variables
     match no setting."""
     if not any(k in environ for k in machine.ISA_ENV_VARS):

@@ -53,7 +53,7 @@ class Record:
 
     def section_method(self, name: str) -> int:
         """The measurement method section ``name`` was taken under
-        (:data:`convlab.lab.record.runner.METHOD`; 1 where the record says none)."""
+        (``convlab.lab.record.runner.METHOD``; 1 where the record says none)."""
         return int(self.section_meta.get(name, {}).get("method", 1))
 
     def section_load(self, name: str) -> Mapping[str, Any] | None:

@@ -23,7 +23,7 @@ import statistics
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-#: The sections whose numbers are timings: the ones the runner repeats in fresh processes.
+#: The sections whose numbers are timings, which the runner repeats in fresh processes.
 #: ``dpsgd`` is not among them: it runs its own fresh processes for the ratio its verdict
 #: needs (:func:`convlab.lab.sections.dpsgd.process_ratios`), and a whole repeat of it
 #: would triple the longest section of a record.

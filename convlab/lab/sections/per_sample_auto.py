@@ -29,7 +29,8 @@ from convlab.lab.sections import per_sample_timing
 from convlab.scratch import per_sample
 from convlab.scratch.per_sample import onednn_block
 
-__all__ = ["GRID", "LAYERS", "against_peers", "against_scratch", "layer", "point", "record",
+__all__ = ["GRID", "LAYERS", "against_peers", "against_scratch", "auto_verdicts", "layer",
+           "point", "record",
            "route_facts", "rule_route", "rule_summary", "sweep", "worst"]
 
 # channels per group -> (C_in, C_out, groups): depthwise, a 3-channel stem, grouped, ResNet.

@@ -89,8 +89,9 @@ def stream_elements(minimum: int, llc: int | None, multiple: int,
 
 
 def theoretical(ceiling: Mapping[str, float], counts: Sequence[int]) -> dict[str, Any]:
-    """This process's theoretical float32 peak (:func:`~convlab.lab.method.fma_peak.
-    peak_and_reason` under its ISA setting) at each thread count in ``counts``, and the
+    """This process's theoretical float32 peak
+    (:func:`~convlab.lab.method.fma_peak.peak_and_reason` under its ISA setting) at each
+    thread count in ``counts``, and the
     measured GEMM ``ceiling`` (GFLOP/s by thread count) as a fraction of it; where no
     peak is modelled, ``reason`` says why and the rates are None."""
     fp = fma_peak.host_fingerprint()

@@ -83,15 +83,21 @@ def test_gemm_form(shape) -> None:
     assert got.isinf().any() or got.isnan().any()
 
 
-def test_loop_is_the_same_at_any_thread_count() -> None:
-    """Each entry is summed by one thread in a fixed order: bit for bit the same."""
-    x, go = torch.randn(5, 6, 12, 12), torch.randn(5, 8, 12, 12)
+@pytest.mark.parametrize(("c_in", "c_out", "groups"), [
+    (6, 8, 2),  # a tile form
+    (64, 64, 1),  # the GEMM form: K/G * C/G * taps = 36864 >= 4096
+])
+def test_loop_is_the_same_at_any_thread_count(c_in: int, c_out: int, groups: int) -> None:
+    """Each entry is summed by one thread (the tile forms in a fixed order, the GEMM form
+    by the BLAS inside that thread): bit for bit the same at 1 and 2 threads."""
+    x, go = torch.randn(5, c_in, 12, 12), torch.randn(5, c_out, 12, 12)
+    size = (c_out, c_in // groups, 3, 3)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        one = per_sample_weight_grad(x, (8, 3, 3, 3), go, 1, 1, 1, 2, method="loop")
+        one = per_sample_weight_grad(x, size, go, 1, 1, 1, groups, method="loop")
         torch.set_num_threads(2)
-        two = per_sample_weight_grad(x, (8, 3, 3, 3), go, 1, 1, 1, 2, method="loop")
+        two = per_sample_weight_grad(x, size, go, 1, 1, 1, groups, method="loop")
     finally:
         torch.set_num_threads(before)
     assert torch.equal(one, two)

@@ -25,8 +25,10 @@ tap rows are never a buffer of the whole columns:
 
 The buffers are per thread and come from torch's allocator, so
 :func:`convlab.lab.method.profiling.measure_memory` counts them; what grows with the batch is
-the result alone. Every result entry is summed by one thread in a fixed order, so the
-result is the same at any thread count. :func:`choose_method` says where the loop wins
+the result alone. Every result entry is summed by one thread: in a fixed order in the
+tile forms, so the same bits at any thread count; in the GEMM form in the BLAS's order
+inside that thread, where a test finds the same bits at 1 and 2 threads.
+:func:`choose_method` says where the loop wins
 (few channels per group for oneDNN's block, few samples, one sample with small kernels)
 and where oneDNN's JIT kernels do (many samples with wider groups, large kernels).
 

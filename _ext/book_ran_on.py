@@ -5,8 +5,10 @@ the machine (timings, the routing of this CPU, the claims' verdicts): nbval does
 compare them. ``scripts/run_notebooks.py`` stores the machine its kernel ran on in the
 notebook's metadata (``convlab.ran_on``); here every such cell with an output gets one line
 under it, "Stored output: <machine>", so a reader never takes another CPU's numbers for
-their own. A chapter executed some other way has no ``ran_on``, and its live cells get
-"Stored output: machine not recorded".
+their own, unless its output already says "this machine: ..." (the cells that print
+:func:`convlab.lab.method.machine.stamp`, asked in the same kernel). A chapter executed
+some other way has no ``ran_on``, and its live cells get "Stored output: machine not
+recorded".
 
 Enabled in ``_config.yml`` under ``sphinx: local_extensions: {book_ran_on: _ext}``.
 """
@@ -23,6 +25,7 @@ from sphinx.transforms import SphinxTransform
 
 LIVE_TAG = "nbval-ignore-output"
 CLASS = "ran-on"
+SAYS_MACHINE = "this machine: "
 
 
 def ran_on(notebook: Path) -> str | None:
@@ -33,14 +36,16 @@ def ran_on(notebook: Path) -> str | None:
 
 
 def live_cells(document: nodes.Node) -> list[nodes.container]:
-    """The code cells tagged ``nbval-ignore-output`` that have an output."""
+    """The code cells tagged ``nbval-ignore-output`` that have an output and do not print
+    the machine themselves."""
     found = []
     for cell in document.findall(nodes.container):
         tags = (cell.get("cell_metadata") or {}).get("tags", [])
         if cell.get("nb_element") != "cell_code" or LIVE_TAG not in tags:
             continue
-        if any(child.get("nb_element") == "cell_code_output"
-               for child in cell.findall(nodes.container)):
+        outputs = [child for child in cell.findall(nodes.container)
+                   if child.get("nb_element") == "cell_code_output"]
+        if outputs and not any(SAYS_MACHINE in out.astext() for out in outputs):
             found.append(cell)
     return found
 

@@ -249,6 +249,26 @@ def test_compared_outputs_name_no_instruction_set(path: Path) -> None:
     assert not found, "ISA-dependent words in compared outputs: " + ", ".join(found[:10])
 
 
+# A cell that times something, tells the claims' verdicts or runs the DP-SGD step prints the
+# machine it ran on first (:func:`convlab.lab.method.machine.stamp`), so its stored output
+# says whose it is wherever the notebook is read (Colab, GitHub, the site).
+MEASURES = ("interleaved(", "claims.report(", "dpsgd.compare(")
+NOT_RUN = ("No CUDA device", "not usable here")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_measuring_cells_print_the_machine(path: Path) -> None:
+    nb = nbformat.read(path, as_version=4)
+    missing = []
+    for i, cell in enumerate(code_cells(nb)):
+        if not any(call in cell.source for call in MEASURES) or not cell.outputs:
+            continue
+        text = "\n".join(_compared_texts(cell))
+        if "this machine: " not in text and not any(s in text for s in NOT_RUN):
+            missing.append(f"code cell {i}")
+    assert not missing, "measuring cells that do not print the machine: " + ", ".join(missing)
+
+
 
 # A link into PyTorch's source names the release it was read at: a line number on a
 # moving branch (main, master, viable/strict) points at other code within weeks.

@@ -349,3 +349,35 @@ def test_two_hosts_of_one_model_get_two_short_names():
     assert notebook.short_machine_names([new, other]) == {
         "Intel Xeon x2 (L3 480 MiB)": "Intel Xeon x2 (L3 480 MiB)",
         "Intel Core i7 x2 (L3 480 MiB)": "Intel Core i7 x2 (L3 480 MiB)"}
+
+
+FP = {"cpu_model": "Intel(R) Xeon(R) Platinum 8480+", "cores": 2, "caches": {"L3": 105 * 2**20},
+      "cpu_family_model": "6-143", "aten_cpu_capability": "AVX512",
+      "onednn_isa": "jit:avx512_core_amx", "torch_version": "2.13.0+cpu"}
+
+
+def test_stamp_names_the_machine_within_its_width(monkeypatch):
+    monkeypatch.setattr(machine, "fingerprint", lambda: dict(FP))
+    text = machine.stamp(width=40)
+    lines = text.splitlines()
+    assert lines[0].startswith("this machine: ") and len(lines) > 1
+    assert all(len(line) <= 40 for line in lines)
+    assert all(line.startswith("  ") for line in lines[1:])
+    assert " ".join(text.split()) == "this machine: " + machine.identity_line(FP)
+    assert machine.stamp("cpu") == machine.stamp()
+
+
+def test_stamp_names_the_gpu_for_a_cuda_device(monkeypatch):
+    monkeypatch.setattr(machine, "fingerprint", lambda: dict(FP))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H100")
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91900)
+    text = " ".join(machine.stamp("cuda:0").split())
+    assert text.endswith(f"; GPU NVIDIA H100, CUDA {torch.version.cuda}, cuDNN 91900")
+
+
+@pytest.mark.parametrize(("width", "error"), [(19, ValueError), (0, ValueError),
+                                              (40.0, TypeError), (True, TypeError),
+                                              ("78", TypeError)])
+def test_stamp_refuses_a_bad_width(width, error):
+    with pytest.raises(error, match="width"):
+        machine.stamp(width=width)

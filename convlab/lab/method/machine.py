@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import platform
 import re
+import textwrap
 from collections.abc import Mapping
 
 import torch
@@ -297,6 +298,27 @@ def identity_line(fp: Mapping[str, object]) -> str:
     """
     return (f"{display_name(fp)}, ATen {fp.get('aten_cpu_capability')}, oneDNN "
             f"{fp.get('onednn_isa') or '(no jit line)'}, torch {fp.get('torch_version')}")
+
+
+def stamp(device: torch.device | str | None = None, width: int = 78) -> str:
+    """The first line of a stored live output: ``"this machine: "`` and this process's
+    :func:`identity_line`, wrapped at ``width``; with a CUDA ``device``, the GPU, CUDA and
+    cuDNN too. A reader comparing the stored output with their own run sees whose it was.
+
+    >>> print(stamp(width=40))                              # doctest: +SKIP
+    this machine: AMD EPYC x2 (L3 32 MiB,
+      family 25 model 1), ATen AVX2, oneDNN
+      jit:avx2, torch 2.13.0+cpu
+    """
+    if not isinstance(width, int) or isinstance(width, bool):
+        raise TypeError(f"width must be an int, got {type(width).__name__}")
+    if width < 20:
+        raise ValueError(f"width must be at least 20, got {width}")
+    text = "this machine: " + identity_line(fingerprint())
+    if device is not None and torch.device(device).type == "cuda":
+        text += (f"; GPU {torch.cuda.get_device_name(device)}, CUDA {torch.version.cuda}, "
+                 f"cuDNN {torch.backends.cudnn.version()}")
+    return textwrap.fill(text, width, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def fingerprint_line(fp: Mapping[str, object]) -> str:

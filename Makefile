@@ -71,7 +71,9 @@ XDIST := -n $(JOBS) --dist loadfile
 unit: $(STAMP) system-deps
 	$(PY) -m pytest tests -q $(XDIST)
 
-NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg
+# nbval_unix_kernels.py: each chapter's kernel listens on Unix sockets, not TCP ports
+NBVAL_FLAGS := --nbval --nbval-current-env --nbval-sanitize-with nbval_sanitize.cfg \
+  -p nbval_unix_kernels
 
 nbval: $(STAMP)
 	$(PY) -m pytest -q -p no:cacheprovider $(XDIST) $(NBVAL_FLAGS) \
